@@ -1,0 +1,73 @@
+# dflash-infra: one entry point for setting up, testing and rehearsing the deploy.
+SHELL := /bin/bash
+.SHELLFLAGS := -eu -o pipefail -c
+.DEFAULT_GOAL := help
+
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.setup-stamp
+SETUP_INPUTS := pyproject.toml constraints.txt
+export PATH := $(abspath $(BIN)):$(PATH)
+export ANSIBLE_CONFIG := $(abspath ansible.cfg)
+PLAYBOOKS := deploy_dflash.yml $(wildcard playbooks/*.yml)
+PYTEST_ARGS ?=
+
+.PHONY: help setup lock sglang-env sglang-flags lint syntax test test-unit plan lab-up lab-down lab-status demo clean
+
+help: ## list the targets
+	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-13s %s\n", $$1, $$2}'
+
+$(STAMP): $(SETUP_INPUTS)
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --disable-pip-version-check --upgrade pip setuptools wheel
+	$(BIN)/python -m pip install -q --disable-pip-version-check -c constraints.txt -e '.[test]'
+	@touch $@
+
+setup: $(STAMP) ## project venv (.venv) with ansible, molecule, linters and the dflash-infra CLI
+	@echo "setup: $(VENV) is ready ($$($(BIN)/ansible --version | head -1))"
+
+lock: ## re-pin constraints.txt from a fresh resolution of pyproject.toml
+	rm -rf .cache/lock-venv && $(PYTHON) -m venv .cache/lock-venv
+	.cache/lock-venv/bin/pip install -q '.[test]'
+	{ echo '# Exact versions CI and `make setup` install (pip install -c constraints.txt). Regenerate with `make lock`.'; \
+	  .cache/lock-venv/bin/pip freeze --exclude-editable | grep -v '^dflash-infra'; } > constraints.txt
+
+sglang-env: ## cached venv with the real SGLang argument parsers (.cache/sglang-parser)
+	bash tools/sglang_parser_env.sh
+
+sglang-flags: sglang-env ## re-extract the SGLang flag tables from the real wheels
+	bash tools/sglang_parser_env.sh --extract
+
+lint: setup ## yamllint, ansible-lint (production profile), syntax-check of every playbook
+	$(BIN)/yamllint -s .
+	$(BIN)/ansible-lint --offline -q
+	$(MAKE) --no-print-directory syntax
+
+syntax: setup
+	@for pb in $(PLAYBOOKS); do $(BIN)/ansible-playbook --syntax-check -i inventory/production "$$pb" >/dev/null || exit 1; done
+	@echo "syntax-check: $(words $(PLAYBOOKS)) playbooks OK"
+
+test-unit: setup ## fast tests: planner, parsers, filters, playbook wiring (no lab, no SGLang env)
+	$(BIN)/pytest -m "not lab and not sglang_parser" $(PYTEST_ARGS)
+
+test: setup sglang-env lint ## everything CI runs: setup, lint, unit, real-parser and lab tests
+	$(BIN)/pytest $(PYTEST_ARGS)
+
+plan: setup ## print the plans of the example requests (examples/*.yml)
+	@for req in examples/*.yml; do echo "== $$req"; $(BIN)/dflash-infra plan "$$req" --format table || true; done
+
+lab-up: setup ## boot the lab containers (ct200, ct129) on loopback addresses
+	$(BIN)/python lab/labctl.py up
+
+lab-down: ## stop and remove the lab containers (keeps the cached rootfs)
+	$(PYTHON) lab/labctl.py down
+
+lab-status: ## state of the lab containers
+	$(PYTHON) lab/labctl.py status
+
+demo: lab-up ## rehearse the production deploy against the lab
+	$(BIN)/ansible-playbook deploy_dflash.yml -i inventory/lab -l pro6000
+
+clean: ## remove the venv and caches (the lab must be down)
+	rm -rf $(VENV) .pytest_cache .hypothesis

@@ -1,0 +1,81 @@
+"""`dflash-infra`: plan a deployment, or parse what a GPU host printed.
+
+Exit codes: 0 success, 2 a plan with errors or input that could not be parsed (one line naming the
+problem on stderr). JSON goes to stdout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Sequence
+
+import yaml
+
+from dflash_infra import parsers
+from dflash_infra.planner import plan_dict, plan_table
+
+
+def _read(path: str) -> tuple[str, str]:
+    """(text, label) of a file or of stdin for '-'."""
+    if path == "-":
+        return sys.stdin.read(), "<stdin>"
+    try:
+        return Path(path).read_text(), path
+    except OSError as exc:
+        raise parsers.ParseError(path, f"cannot read ({exc.strerror})") from exc
+
+
+def _fields(value: str | None) -> list[str] | None:
+    return [f.strip() for f in value.split(",") if f.strip()] if value else None
+
+
+def _cmd_plan(args: argparse.Namespace) -> int:
+    text, label = _read(args.file)
+    try:
+        request = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise parsers.ParseError(label, f"expected a JSON or YAML request, found invalid syntax ({exc})") from exc
+    base = Path(args.file).resolve().parent if args.file != "-" else Path.cwd()
+    result = plan_dict(request if request is not None else {}, base)
+    if args.format == "table":
+        print(plan_table(result))
+    else:
+        print(json.dumps(result, indent=2))
+    return 2 if result["errors"] else 0
+
+
+def _cmd_parse(args: argparse.Namespace) -> int:
+    text, label = _read(args.file)
+    print(json.dumps(parsers.parse_text(args.kind, text, label, _fields(args.fields)), indent=2))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="dflash-infra", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    p_plan = sub.add_parser("plan", help="plan a deployment from a request (JSON or YAML)")
+    p_plan.add_argument("file", nargs="?", default="-", help="request file, or - for stdin (default)")
+    p_plan.add_argument("--format", choices=("json", "table"), default="json")
+    p_plan.set_defaults(func=_cmd_plan)
+    p_parse = sub.add_parser("parse", help="parse nvidia-smi / driver output into JSON")
+    p_parse.add_argument("kind", choices=list(parsers.PARSERS))
+    p_parse.add_argument("file", help="captured output, or - for stdin")
+    p_parse.add_argument("--fields", help="column names of header-less CSV input, comma separated")
+    p_parse.set_defaults(func=_cmd_parse)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except parsers.ParseError as exc:
+        print(f"dflash-infra: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

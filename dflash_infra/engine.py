@@ -1,0 +1,121 @@
+"""SGLang releases: their real flag tables and the version-aware rendering of the engine command line.
+
+Two data files are the single source: `data/sglang/<version>.json` (every option of that release's
+real argument parser, extracted from the wheel) and `data/sglang_settings.yml` (which flag spells
+each planner setting). The planner, the deploy-time capability check and the lab's engine stand-in
+all read them.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+import yaml
+
+DATA = Path(__file__).resolve().parent / "data"
+
+# Oldest release with each capability the planner relies on (FACTS.md, SGLang section).
+DFLASH_SINCE = (0, 5, 11)
+DRAFT_SLIDING_WINDOW_SINCE = (0, 5, 15)
+
+
+def parse_version(text: str) -> tuple[int, ...]:
+    """(0, 5, 23) from '0.5.23', '0.5.23+lab' or 'v0.5.23.post1'; local and post parts are ignored."""
+    match = re.match(r"v?(\d+(?:\.\d+)*)", str(text).strip())
+    if not match:
+        raise ValueError(f"engine version: expected something like 0.5.23, found {text!r}")
+    return tuple(int(p) for p in match.group(1).split("."))
+
+
+def release_of(version: str) -> str:
+    """The public release a version belongs to: '0.5.23+lab' -> '0.5.23'."""
+    return ".".join(str(p) for p in parse_version(version)[:3])
+
+
+@lru_cache(maxsize=None)
+def supported_releases() -> tuple[str, ...]:
+    """Releases with both an extracted flag table and a settings entry, newest first."""
+    settings = _settings()
+    tables = {p.stem for p in (DATA / "sglang").glob("*.json")}
+    return tuple(sorted(set(settings["versions"]) & tables, key=parse_version, reverse=True))
+
+
+@dataclass(frozen=True)
+class FlagTable:
+    """The options one SGLang release's parser accepts; hidden (deprecated) aliases are tracked apart."""
+
+    version: str
+    visible: frozenset[str]
+    hidden: frozenset[str]
+
+    def accepts(self, flag: str) -> bool:
+        return flag in self.visible
+
+    @classmethod
+    def from_options(cls, version: str, options: Iterable[str]) -> "FlagTable":
+        """A table from a plain list of option strings, e.g. the installed engine's own --help."""
+        return cls(version, frozenset(options), frozenset())
+
+
+@lru_cache(maxsize=None)
+def flag_table(version: str) -> FlagTable:
+    """The extracted table of a supported release."""
+    release = release_of(version)
+    path = DATA / "sglang" / f"{release}.json"
+    if not path.is_file():
+        raise KeyError(release)
+    data = json.loads(path.read_text())
+    visible, hidden = set(), set()
+    for option in data["options"]:
+        (hidden if option.get("help_suppressed") else visible).update(option["option_strings"])
+    return FlagTable(release, frozenset(visible), frozenset(hidden - visible))
+
+
+@lru_cache(maxsize=None)
+def _settings() -> dict[str, Any]:
+    return yaml.safe_load((DATA / "sglang_settings.yml").read_text())
+
+
+def setting_flags(version: str) -> dict[str, str]:
+    """setting -> flag for one release, in command-line order."""
+    settings = _settings()
+    flags = dict(settings["flags"])
+    flags.update(settings["versions"].get(release_of(version)) or {})
+    return flags
+
+
+def _format(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:g}"
+    return str(value)
+
+
+def render_argv(values: Mapping[str, Any], version: str,
+                table: FlagTable | None = None) -> tuple[list[str], list[str]]:
+    """The engine argv for `values` (setting -> value; None means 'leave to the engine') and the errors.
+
+    A setting whose flag the release does not accept is an error naming the flag and the version,
+    never a silent omission.
+    """
+    table = table or flag_table(version)
+    flags = setting_flags(version)
+    unknown = sorted(set(values) - set(flags))
+    errors = [f"planner setting '{name}' has no flag mapping in sglang_settings.yml" for name in unknown]
+    argv: list[str] = []
+    for name, flag in flags.items():
+        value = values.get(name)
+        if value is None or value is False:
+            continue
+        if not table.accepts(flag):
+            state = "only as a hidden deprecated alias" if flag in table.hidden else "not at all"
+            errors.append(f"{name} needs {flag}, which SGLang {table.version} accepts {state}")
+            continue
+        argv.append(flag)
+        if value is not True:
+            argv.append(_format(value))
+    return argv, errors

@@ -1,0 +1,71 @@
+"""Playbook wiring: top-level group_vars apply everywhere, offline planning contacts no host, filters load."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from helpers import ROOT, run, tool
+
+sys.path.insert(0, str(ROOT / "filter_plugins"))
+import dflash as dflash_filters  # noqa: E402
+
+
+def playbook(env, *args: str):
+    return run([tool("ansible-playbook"), *args], env=env)
+
+
+@pytest.mark.parametrize("entry", ["deploy_dflash.yml", "playbooks/plan.yml"])
+def test_group_vars_apply_to_every_entry_point(ansible_env, entry: str) -> None:
+    # The plan needs dflash_engine (group_vars/all) and dflash_expected_hardware (group_vars/pro6000):
+    # the play fails on an undefined variable if either entry point misses the top-level group_vars.
+    proc = playbook(ansible_env, entry, "-l", "pro6000", "-e", "dflash_plan_offline=true", "--tags", "plan")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "sglang 0.5.23" in proc.stdout
+    assert "tp_size                 2" in proc.stdout and "ok=" in proc.stdout
+
+
+def test_offline_plan_contacts_no_host(ansible_env) -> None:
+    # The production inventory's host names do not resolve here: any connection attempt would be
+    # reported as UNREACHABLE. The offline plan finishes with the table instead, also under --check.
+    proc = playbook(ansible_env, "playbooks/plan.yml", "-l", "pro6000", "-e", "dflash_plan_offline=true", "--check")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "unreachable=0" in proc.stdout and "UNREACHABLE" not in proc.stdout
+    assert "smallest TP valid for both models" in proc.stdout
+
+
+def test_offline_plan_for_eval_is_tp2(ansible_env) -> None:
+    proc = playbook(ansible_env, "playbooks/plan.yml", "-l", "eval", "-e", "dflash_plan_offline=true")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "tp_size                 2" in proc.stdout
+
+
+def test_plan_errors_stop_the_play(ansible_env) -> None:
+    proc = playbook(ansible_env, "playbooks/plan.yml", "-l", "pro6000", "-e", "dflash_plan_offline=true",
+                    "-e", '{"dflash_plan_overrides": {"tp_size": 3}}')
+    assert proc.returncode != 0
+    assert "the plan has errors, nothing was changed" in proc.stdout
+    assert "tp 3" in proc.stdout
+
+
+def test_production_inventory_has_no_ip_literals() -> None:
+    import re
+    for path in (ROOT / "inventory" / "production").rglob("*.yml"):
+        assert not re.search(r"\b\d{1,3}(\.\d{1,3}){3}\b", path.read_text()), path
+
+
+def test_filters_are_thin_adapters() -> None:
+    filters = dflash_filters.FilterModule().filters()
+    hw = {"gpu_name": "NVIDIA RTX A6000", "gpu_count": 2, "memory_total_mib": 49140, "compute_cap": "8.6"}
+    gpus = filters["dflash_expected_gpus"](hw)
+    assert [g["index"] for g in gpus] == [0, 1]
+    plan = filters["dflash_plan"]({"gpus": gpus, "target": {"name": "Qwen3.6-27B"},
+                                   "draft": {"name": "Qwen3.6-27B-DFlash"}, "sglang_version": "0.5.23",
+                                   "speculative": {"algorithm": "dflash", "block_size": 16, "draft_window": 16,
+                                                   "max_draft_tokens": 16}})
+    assert plan["tp_size"] == 2 and plan["errors"] == []
+    assert filters["dflash_upstream_version"]("580.126.09-0ubuntu0.24.04.1") == "580.126.09"
+    from ansible.errors import AnsibleFilterError
+    with pytest.raises(AnsibleFilterError, match="expected"):
+        filters["dflash_parse_driver"]("garbage")
