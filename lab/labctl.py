@@ -1,0 +1,980 @@
+#!/usr/bin/env python3
+"""Lab builder: Debian bookworm containers booted with systemd-nspawn that rehearse the
+Proxmox LXC containers (real systemd as PID 1, real apt/dpkg, real sshd).
+
+Subcommands: up, down [--purge], status [--json], start NAME, stop NAME, shell NAME.
+Run as root. State lives in .cache/lab of the repository (LAB_STATE_DIR overrides it).
+Standard library only, so it runs with the system python3 before the project venv exists.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime as dt
+import fcntl
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence, TextIO
+
+REPO = Path(__file__).resolve().parent.parent
+KIT_PROVISION = REPO / "lab" / "kit" / "provision"
+
+SUITE = "bookworm"
+VARIANT = "minbase"
+INCLUDE = (
+    "systemd", "systemd-sysv", "dbus", "python3", "iproute2", "openssh-server",
+    "sudo", "rsync", "ca-certificates", "procps",
+)
+DEFAULT_MIRROR = "http://deb.debian.org/debian"
+
+# Host commands the lab needs, and the Debian package that ships each.
+HOST_TOOLS = {
+    "debootstrap": "debootstrap",
+    "systemd-nspawn": "systemd-container",
+    "ssh": "openssh-client",
+    "ssh-keygen": "openssh-client",
+    "nsenter": "util-linux",
+    "findmnt": "util-linux",
+}
+
+CONTAINER_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+READY_STATES = ("running", "degraded")
+
+
+@dataclass(frozen=True)
+class Container:
+    """One lab container: the production name, its group and its own loopback address."""
+
+    name: str
+    group: str
+    address: str
+
+
+CONTAINERS: tuple[Container, ...] = (
+    Container(name="ct200", group="pro6000", address="127.0.200.1"),
+    Container(name="ct129", group="eval", address="127.0.129.1"),
+)
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Tunables read from the environment once, so every step sees the same values."""
+
+    state: Path
+    mirror: str
+    boot_timeout: float
+    stop_timeout: float
+
+    @classmethod
+    def from_env(cls) -> Settings:
+        state = Path(os.environ.get("LAB_STATE_DIR") or REPO / ".cache" / "lab")
+        if not state.is_absolute():
+            state = REPO / state
+        return cls(
+            state=state,
+            mirror=os.environ.get("LAB_DEBIAN_MIRROR", DEFAULT_MIRROR),
+            boot_timeout=float(os.environ.get("LAB_BOOT_TIMEOUT", "180")),
+            stop_timeout=float(os.environ.get("LAB_STOP_TIMEOUT", "30")),
+        )
+
+
+@dataclass(frozen=True)
+class Paths:
+    """Every file and folder the lab owns, all under one state folder."""
+
+    state: Path
+
+    @property
+    def base(self) -> Path:
+        return self.state / "rootfs" / "base"
+
+    @property
+    def base_tmp(self) -> Path:
+        return self.state / "rootfs" / "base.tmp"
+
+    @property
+    def base_stamp(self) -> Path:
+        return self.state / "rootfs" / "base.stamp"
+
+    @property
+    def machines(self) -> Path:
+        return self.state / "machines"
+
+    @property
+    def run(self) -> Path:
+        return self.state / "run"
+
+    @property
+    def logs(self) -> Path:
+        return self.state / "logs"
+
+    @property
+    def ssh(self) -> Path:
+        return self.state / "ssh"
+
+    @property
+    def key(self) -> Path:
+        return self.ssh / "id_ed25519"
+
+    @property
+    def known_hosts(self) -> Path:
+        return self.ssh / "known_hosts"
+
+    @property
+    def lock(self) -> Path:
+        return self.state / "lab.lock"
+
+    def machine(self, name: str) -> Path:
+        return self.machines / name
+
+    def created_stamp(self, name: str) -> Path:
+        return self.machines / f"{name}.created"
+
+    def pidfile(self, name: str) -> Path:
+        return self.run / f"{name}.pid"
+
+    def console_log(self, name: str) -> Path:
+        return self.logs / f"{name}.console.log"
+
+    def provision_log(self, name: str) -> Path:
+        return self.logs / f"{name}.provision.log"
+
+
+@dataclass
+class ContainerStatus:
+    """What `lab status` reports for one container."""
+
+    name: str
+    group: str
+    address: str
+    created: bool
+    provisioned: bool | None
+    pid: int | None
+    leader: int | None
+    systemd: str
+    ssh: bool
+
+
+class LabError(Exception):
+    """A failure with a message that says what was expected, what was found and what to do."""
+
+
+# --------------------------------------------------------------------------- output
+
+
+class Clock:
+    """Prints progress lines prefixed with the time since the command started."""
+
+    def __init__(self) -> None:
+        self.start = time.monotonic()
+
+    def elapsed(self) -> float:
+        return time.monotonic() - self.start
+
+    def say(self, message: str) -> None:
+        print(f"[{self.elapsed():6.1f}s] {message}", flush=True)
+
+
+def tail(path: Path, lines: int = 40) -> str:
+    """Last lines of a log file, or a note that it is missing."""
+    if not path.exists():
+        return f"({path} does not exist)"
+    text = path.read_text(errors="replace").splitlines()
+    return "\n".join(text[-lines:])
+
+
+# --------------------------------------------------------------------------- processes
+
+
+def run(argv: Sequence[str | Path], *, check: bool = True, timeout: float | None = None,
+        capture: bool = True, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """Run a command; on failure raise LabError with its output."""
+    args = [str(a) for a in argv]
+    try:
+        proc = subprocess.run(args, text=True, capture_output=capture, timeout=timeout,
+                              env=env, stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired as exc:
+        raise LabError(f"`{' '.join(args)}` did not finish within {timeout:.0f} s") from exc
+    if check and proc.returncode != 0:
+        out = ((proc.stdout or "") + (proc.stderr or "")).strip()
+        raise LabError(f"`{' '.join(args)}` exited with {proc.returncode}:\n{out}")
+    return proc
+
+
+def proc_state(pid: int) -> str | None:
+    """Kernel state letter of a process, or None when it no longer exists."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    return stat.rsplit(")", 1)[1].split()[0]
+
+
+def is_alive(pid: int) -> bool:
+    """True for a live process; a zombie counts as gone."""
+    state = proc_state(pid)
+    return state is not None and state not in ("Z", "X")
+
+
+def cmdline(pid: int) -> list[str]:
+    """Argument vector of a process (empty when it is gone)."""
+    try:
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        return []
+    return [part.decode(errors="replace") for part in raw.split(b"\0") if part]
+
+
+def all_pids() -> list[int]:
+    return [int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit()]
+
+
+def parent_of(pid: int) -> int | None:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("PPid:"):
+                return int(line.split()[1])
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    return None
+
+
+def ns_pids(pid: int) -> list[int]:
+    """The NSpid line: the process id in each nested pid namespace, outermost first."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("NSpid:"):
+                return [int(x) for x in line.split()[1:]]
+    except (FileNotFoundError, ProcessLookupError):
+        return []
+    return []
+
+
+def nspawn_pids_for(root: Path) -> list[int]:
+    """Live systemd-nspawn processes booting this directory (found by argv, not by name)."""
+    found = []
+    for pid in all_pids():
+        argv = cmdline(pid)
+        if not argv or not argv[0].endswith("systemd-nspawn") or not is_alive(pid):
+            continue
+        if "-D" in argv and argv.index("-D") + 1 < len(argv) and Path(argv[argv.index("-D") + 1]) == root:
+            found.append(pid)
+    return sorted(found)
+
+
+def container_leader(nspawn_pid: int) -> int | None:
+    """The container's PID 1 (systemd): the descendant of nspawn that is pid 1 in its namespace."""
+    children: dict[int, list[int]] = {}
+    for pid in all_pids():
+        ppid = parent_of(pid)
+        if ppid is not None:
+            children.setdefault(ppid, []).append(pid)
+    queue = list(children.get(nspawn_pid, []))
+    while queue:
+        pid = queue.pop(0)
+        nsp = ns_pids(pid)
+        if len(nsp) >= 2 and nsp[-1] == 1 and is_alive(pid):
+            return pid
+        queue.extend(children.get(pid, []))
+    return None
+
+
+def environ(pid: int) -> dict[str, str]:
+    try:
+        raw = Path(f"/proc/{pid}/environ").read_bytes()
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        return {}
+    pairs = (part.decode(errors="replace").partition("=") for part in raw.split(b"\0") if part)
+    return {key: value for key, _, value in pairs}
+
+
+def machine_uuid(root: Path) -> str | None:
+    """The container's machine id as nspawn passes it in `container_uuid`."""
+    try:
+        return str(uuid.UUID((root / "etc" / "machine-id").read_text().strip()))
+    except (FileNotFoundError, ValueError):
+        return None
+
+
+def orphan_leaders(root: Path) -> list[int]:
+    """Container PID 1s of this rootfs whose systemd-nspawn is gone (it was killed with SIGKILL).
+
+    They are recognised by `container_uuid` in their environment, which nspawn sets from
+    the container's own machine id.
+    """
+    wanted = machine_uuid(root)
+    if wanted is None:
+        return []
+    found = []
+    for pid in all_pids():
+        nsp = ns_pids(pid)
+        if len(nsp) < 2 or nsp[-1] != 1 or not is_alive(pid):
+            continue
+        env = environ(pid)
+        if env.get("container") == "systemd-nspawn" and env.get("container_uuid") == wanted:
+            parent = parent_of(pid)
+            if parent is None or "systemd-nspawn" not in " ".join(cmdline(parent)[:1]):
+                found.append(pid)
+    return sorted(found)
+
+
+# --------------------------------------------------------------------------- mounts
+
+
+def mounts_under(path: Path) -> list[Path]:
+    """Mount points at or below `path` in the host's mount table, deepest first."""
+    prefix = str(path.resolve() if path.exists() else path)
+    points = []
+    for line in Path("/proc/self/mountinfo").read_text().splitlines():
+        point = line.split()[4].encode().decode("unicode_escape")
+        if point == prefix or point.startswith(prefix.rstrip("/") + "/"):
+            points.append(Path(point))
+    return sorted(set(points), key=lambda p: len(p.parts), reverse=True)
+
+
+def unmount_all_under(path: Path, clock: Clock | None = None) -> None:
+    """Unmount everything below `path` (left by an interrupted debootstrap or chroot)."""
+    for point in mounts_under(path):
+        proc = run(["umount", point], check=False)
+        if proc.returncode != 0:
+            run(["umount", "-l", point], check=False)
+        if clock:
+            clock.say(f"unmounted {point}")
+    left = mounts_under(path)
+    if left:
+        raise LabError(f"Expected no mounts under {path}, found {', '.join(map(str, left))}. "
+                       "Unmount them by hand (umount -R) and retry.")
+
+
+def remove_tree(path: Path) -> None:
+    """Delete a directory tree without ever crossing into a mounted file system."""
+    if not path.exists() and not path.is_symlink():
+        return
+    unmount_all_under(path)
+    run(["rm", "-rf", "--one-file-system", "--", path])
+
+
+# --------------------------------------------------------------------------- host checks
+
+
+def refuse_on_proxmox() -> None:
+    """The lab boots throwaway containers; a real Proxmox node is never the place for it."""
+    if Path("/etc/pve").exists():
+        raise LabError("This machine looks like a Proxmox VE node (/etc/pve exists). The lab boots "
+                       "throwaway systemd-nspawn containers and must not run on a real node. "
+                       "Run it on a development machine; use inventory/production for the real hosts.")
+
+
+def require_root() -> None:
+    if os.geteuid() != 0:
+        raise LabError(f"The lab needs root (debootstrap, systemd-nspawn, nsenter); running as uid "
+                       f"{os.geteuid()}. Run it as root (e.g. sudo make lab-up).")
+
+
+def ensure_host_tools(clock: Clock) -> None:
+    """Install the Debian packages that provide missing tools; `apt-get update` only then."""
+    missing = sorted({pkg for tool, pkg in HOST_TOOLS.items() if shutil.which(tool) is None})
+    if not missing:
+        return
+    if shutil.which("apt-get") is None:
+        raise LabError(f"Missing host packages {', '.join(missing)} and no apt-get to install them. "
+                       "The lab builder expects Debian 12; install them by hand.")
+    clock.say(f"installing host packages: {' '.join(missing)}")
+    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+    run(["apt-get", "update", "-qq"], env=env)
+    run(["apt-get", "install", "-y", "-qq", "--no-install-recommends", *missing], env=env)
+
+
+def check_address(c: Container) -> None:
+    """The container's address must be local (127.0.0.0/8 is) and port 22 on it free before boot."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind((c.address, 0))
+        except OSError as exc:
+            raise LabError(f"{c.name} needs the loopback address {c.address} on this host, but binding "
+                           f"to it failed ({exc}). Add it with `ip addr add {c.address}/32 dev lo`.") from exc
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.settimeout(1.0)
+        if s.connect_ex((c.address, 22)) == 0:
+            raise LabError(f"Something already listens on {c.address}:22 before {c.name} boots (a host "
+                           "sshd bound to 0.0.0.0?). The lab's sshd must own that address; bind the "
+                           "host sshd to specific addresses and retry.")
+
+
+# --------------------------------------------------------------------------- base rootfs
+
+
+def base_stamp_matches(paths: Paths) -> bool:
+    """The cached rootfs is complete and was built with today's package list."""
+    if not paths.base_stamp.exists() or not paths.base.is_dir():
+        return False
+    try:
+        stamp = json.loads(paths.base_stamp.read_text())
+    except json.JSONDecodeError:
+        return False
+    return (stamp.get("suite"), stamp.get("variant"), stamp.get("include")) == (SUITE, VARIANT, list(INCLUDE))
+
+
+def build_base(paths: Paths, settings: Settings, clock: Clock) -> bool:
+    """Build the Debian rootfs once with debootstrap; the stamp is written only when it is complete."""
+    if base_stamp_matches(paths):
+        return False
+    paths.logs.mkdir(parents=True, exist_ok=True)
+    for stale in (paths.base_tmp, paths.base):
+        remove_tree(stale)
+    paths.base_stamp.unlink(missing_ok=True)
+    clock.say(f"building base rootfs with debootstrap ({SUITE}, {VARIANT}) -> {paths.base}")
+    started = time.monotonic()
+    log = paths.logs / "debootstrap.log"
+    with log.open("w") as out:
+        proc = subprocess.run(
+            ["debootstrap", f"--variant={VARIANT}", f"--include={','.join(INCLUDE)}",
+             SUITE, str(paths.base_tmp), settings.mirror],
+            stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+        )
+    unmount_all_under(paths.base_tmp)
+    if proc.returncode != 0:
+        raise LabError(f"debootstrap exited with {proc.returncode}; the base rootfs was not built. "
+                       f"Last lines of {log}:\n{tail(log)}\nCheck the mirror ({settings.mirror}, "
+                       "LAB_DEBIAN_MIRROR overrides it) and retry `lab up`.")
+    paths.base_tmp.rename(paths.base)
+    seconds = time.monotonic() - started
+    stamp = {
+        "suite": SUITE, "variant": VARIANT, "include": list(INCLUDE), "mirror": settings.mirror,
+        "built_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "seconds": round(seconds, 1),
+    }
+    paths.base_stamp.write_text(json.dumps(stamp, indent=2) + "\n")
+    clock.say(f"base rootfs built in {seconds:.0f} s")
+    return True
+
+
+# --------------------------------------------------------------------------- ssh material
+
+
+def ensure_lab_key(paths: Paths, clock: Clock) -> None:
+    """One ed25519 key pair for root logins into every lab container."""
+    paths.ssh.mkdir(parents=True, exist_ok=True)
+    paths.ssh.chmod(0o700)
+    if paths.key.exists() and paths.key.with_suffix(".pub").exists():
+        return
+    paths.key.unlink(missing_ok=True)
+    run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "dflash-lab", "-f", paths.key])
+    clock.say(f"generated lab SSH key {paths.key}")
+
+
+def host_key_lines(paths: Paths, c: Container) -> list[str]:
+    """known_hosts lines for one container's host keys, under its name and its address."""
+    etc_ssh = paths.machine(c.name) / "etc" / "ssh"
+    lines = []
+    for pub in sorted(etc_ssh.glob("ssh_host_*_key.pub")):
+        keytype, key = pub.read_text().split()[:2]
+        lines.append(f"{c.name},{c.address} {keytype} {key}")
+    return lines
+
+
+def write_known_hosts(paths: Paths) -> None:
+    """Rewrite the lab's known_hosts from the containers that exist now."""
+    lines = []
+    for c in CONTAINERS:
+        if paths.created_stamp(c.name).exists():
+            lines.extend(host_key_lines(paths, c))
+    paths.ssh.mkdir(parents=True, exist_ok=True)
+    paths.known_hosts.write_text("".join(f"{line}\n" for line in lines))
+
+
+def ssh_argv(paths: Paths, c: Container, *command: str) -> list[str]:
+    """An ssh command line that trusts only the lab's known_hosts and key (no user config)."""
+    return [
+        "ssh", "-F", "/dev/null", "-i", str(paths.key),
+        "-o", "BatchMode=yes", "-o", "ConnectTimeout=5", "-o", "IdentitiesOnly=yes",
+        "-o", f"UserKnownHostsFile={paths.known_hosts}", "-o", "GlobalKnownHostsFile=/dev/null",
+        "-o", "StrictHostKeyChecking=yes", "-o", "LogLevel=ERROR",
+        f"root@{c.address}", *command,
+    ]
+
+
+def ssh_answers(paths: Paths, c: Container) -> bool:
+    try:
+        proc = subprocess.run(ssh_argv(paths, c, "true"), capture_output=True, timeout=20,
+                              stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired:
+        return False
+    return proc.returncode == 0
+
+
+# --------------------------------------------------------------------------- container disk
+
+
+def write_file(path: Path, text: str, mode: int = 0o644) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    path.chmod(mode)
+
+
+def configure_rootfs(paths: Paths, c: Container) -> None:
+    """Give a fresh clone its identity: hostname, machine id, host keys, sshd address, root key."""
+    root = paths.machine(c.name)
+    write_file(root / "etc" / "hostname", f"{c.name}\n")
+    write_file(root / "etc" / "hosts",
+               f"127.0.0.1\tlocalhost\n{c.address}\t{c.name}\n"
+               "::1\tlocalhost ip6-localhost ip6-loopback\n")
+    write_file(root / "etc" / "machine-id", uuid.uuid4().hex + "\n", 0o444)
+
+    etc_ssh = root / "etc" / "ssh"
+    for old in etc_ssh.glob("ssh_host_*"):
+        old.unlink()
+    for keytype in ("rsa", "ecdsa", "ed25519"):
+        run(["ssh-keygen", "-q", "-t", keytype, "-N", "", "-C", f"root@{c.name}",
+             "-f", etc_ssh / f"ssh_host_{keytype}_key"])
+    write_file(etc_ssh / "sshd_config.d" / "10-dflash-lab.conf",
+               f"# dflash lab container {c.name} (group {c.group}).\n"
+               "# The lab shares the host's network, so sshd listens only on this container's own\n"
+               "# loopback address; root logs in with the lab key only.\n"
+               f"ListenAddress {c.address}\n"
+               "PermitRootLogin prohibit-password\n"
+               "PasswordAuthentication no\n"
+               "KbdInteractiveAuthentication no\n"
+               "UseDNS no\n")
+
+    ssh_dir = root / "root" / ".ssh"
+    ssh_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    ssh_dir.chmod(0o700)
+    pub = paths.key.with_suffix(".pub").read_text()
+    write_file(ssh_dir / "authorized_keys", pub, 0o600)
+
+
+def provision_with_kit(paths: Paths, c: Container, clock: Clock) -> bool:
+    """Run lab/kit/provision on a fresh rootfs before its first boot, when the kit exists."""
+    if not (KIT_PROVISION.is_file() and os.access(KIT_PROVISION, os.X_OK)):
+        return False
+    root = paths.machine(c.name)
+    log = paths.provision_log(c.name)
+    clock.say(f"{c.name}: provisioning with {KIT_PROVISION.relative_to(REPO)} (log {log})")
+    env = dict(os.environ, LAB_STATE_DIR=str(paths.state), LAB_CONTAINER=c.name,
+               LAB_CONTAINER_GROUP=c.group, LAB_CONTAINER_ADDRESS=c.address)
+    started = time.monotonic()
+    with log.open("w") as out:
+        proc = subprocess.run([str(KIT_PROVISION), str(root), c.name], stdout=out,
+                              stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, cwd=REPO)
+    leftovers = mounts_under(root)
+    if leftovers:
+        clock.say(f"{c.name}: provisioning left mounts behind, unmounting {len(leftovers)}")
+        unmount_all_under(root)
+    if proc.returncode != 0:
+        raise LabError(f"{KIT_PROVISION.relative_to(REPO)} {root} {c.name} exited with "
+                       f"{proc.returncode}. Last lines of {log}:\n{tail(log)}\n"
+                       "The container was not marked created; fix the kit and run `lab up` again.")
+    clock.say(f"{c.name}: provisioned in {time.monotonic() - started:.1f} s")
+    return True
+
+
+def create_machine(paths: Paths, c: Container, clock: Clock) -> bool:
+    """Clone the base rootfs for one container, configure and provision it. False if it existed."""
+    root = paths.machine(c.name)
+    stamp = paths.created_stamp(c.name)
+    if stamp.exists() and root.is_dir():
+        return False
+    if nspawn_pids_for(root):
+        raise LabError(f"{c.name} has a running systemd-nspawn but no creation stamp ({stamp}). "
+                       "Run `lab down` to clear the half-built container, then `lab up`.")
+    stamp.unlink(missing_ok=True)
+    remove_tree(root)
+    paths.machines.mkdir(parents=True, exist_ok=True)
+    started = time.monotonic()
+    run(["cp", "-a", "--reflink=auto", paths.base, root])
+    clock.say(f"{c.name}: cloned base rootfs in {time.monotonic() - started:.1f} s")
+    configure_rootfs(paths, c)
+    clock.say(f"{c.name}: hostname {c.name}, sshd on {c.address}:22, fresh host keys and machine id")
+    provisioned = provision_with_kit(paths, c, clock)
+    stamp.write_text(json.dumps({
+        "name": c.name, "group": c.group, "address": c.address, "provisioned": provisioned,
+        "created_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+    }, indent=2) + "\n")
+    return True
+
+
+def created_info(paths: Paths, c: Container) -> dict[str, object] | None:
+    stamp = paths.created_stamp(c.name)
+    if not stamp.exists():
+        return None
+    try:
+        return json.loads(stamp.read_text())
+    except json.JSONDecodeError:
+        return None
+
+
+# --------------------------------------------------------------------------- container process
+
+
+def running_pid(paths: Paths, c: Container) -> int | None:
+    """The nspawn process of a container, from the pidfile or, failing that, by its argv."""
+    pidfile = paths.pidfile(c.name)
+    root = paths.machine(c.name)
+    if pidfile.exists():
+        try:
+            pid = int(pidfile.read_text().strip())
+        except ValueError:
+            pid = 0
+        if pid and is_alive(pid) and "systemd-nspawn" in " ".join(cmdline(pid)[:1]) \
+                and str(root) in cmdline(pid):
+            return pid
+    pids = nspawn_pids_for(root)
+    if pids:
+        pidfile.parent.mkdir(parents=True, exist_ok=True)
+        pidfile.write_text(f"{pids[0]}\n")
+        return pids[0]
+    pidfile.unlink(missing_ok=True)
+    return None
+
+
+def nsenter_argv(leader: int, *command: str) -> list[str]:
+    """Run a command inside the container (all its namespaces, its root, a clean environment)."""
+    return ["nsenter", "-t", str(leader), "-a", "-r", "--", "/usr/bin/env", "-i",
+            f"PATH={CONTAINER_PATH}", "LANG=C.UTF-8", "TERM=dumb", *command]
+
+
+def systemd_state(leader: int | None) -> str:
+    """`systemctl is-system-running` inside the container ('offline' when it is not running)."""
+    if leader is None:
+        return "offline"
+    try:
+        proc = subprocess.run(nsenter_argv(leader, "systemctl", "is-system-running"),
+                              capture_output=True, text=True, timeout=15, stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired:
+        return "unresponsive"
+    return proc.stdout.strip() or "unknown"
+
+
+def journal_tail(paths: Paths, c: Container, leader: int | None) -> str:
+    """The container's journal tail, or its console log when the journal cannot be read."""
+    if leader is not None:
+        proc = run(nsenter_argv(leader, "journalctl", "-b", "-n", "40", "--no-pager"),
+                   check=False, timeout=30)
+        if proc.returncode == 0 and proc.stdout.strip():
+            return proc.stdout.rstrip()
+    return tail(paths.console_log(c.name))
+
+
+def start_nspawn(paths: Paths, c: Container, clock: Clock) -> int:
+    """Boot a container in the background and record the nspawn pid."""
+    check_address(c)
+    paths.run.mkdir(parents=True, exist_ok=True)
+    paths.logs.mkdir(parents=True, exist_ok=True)
+    argv = [
+        "systemd-nspawn", "-D", str(paths.machine(c.name)), "-b",
+        f"--machine={c.name}",
+        "--register=no",          # the host has no machined (and no systemd as PID 1)
+        "--keep-unit",            # stay in our own cgroup instead of asking systemd for a scope
+        "--link-journal=no",      # keep the container's journal inside the container
+        "--console=read-only",    # boot messages go to the console log, no terminal needed
+        # No --private-network: the container shares the host network and owns its loopback address.
+    ]
+    with paths.console_log(c.name).open("a") as log:
+        log.write(f"\n=== {dt.datetime.now().isoformat(timespec='seconds')} {' '.join(argv)}\n")
+        log.flush()
+        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True, cwd="/")
+    paths.pidfile(c.name).write_text(f"{proc.pid}\n")
+    clock.say(f"{c.name}: booting (systemd-nspawn pid {proc.pid}, console log {paths.console_log(c.name)})")
+    return proc.pid
+
+
+def wait_ready(paths: Paths, c: Container, pid: int, settings: Settings, clock: Clock) -> str:
+    """Wait until systemd inside reports running/degraded and sshd answers; fail with the journal."""
+    deadline = time.monotonic() + settings.boot_timeout
+    state = "starting"
+    leader: int | None = None
+    while time.monotonic() < deadline:
+        if not is_alive(pid):
+            raise LabError(f"{c.name}: systemd-nspawn (pid {pid}) exited during boot. Console log "
+                           f"{paths.console_log(c.name)}:\n{tail(paths.console_log(c.name))}")
+        leader = leader if leader and is_alive(leader) else container_leader(pid)
+        state = systemd_state(leader)
+        if state in READY_STATES:
+            break
+        if state in ("maintenance", "stopping"):
+            raise LabError(f"{c.name}: systemd reports '{state}' instead of running/degraded. "
+                           f"Journal tail:\n{journal_tail(paths, c, leader)}")
+        time.sleep(0.5)
+    else:
+        raise LabError(f"{c.name}: expected `systemctl is-system-running` to report running or degraded "
+                       f"within {settings.boot_timeout:.0f} s, last state '{state}'. Journal tail:\n"
+                       f"{journal_tail(paths, c, leader)}\nLAB_BOOT_TIMEOUT raises the wait.")
+    while time.monotonic() < deadline:
+        if ssh_answers(paths, c):
+            break
+        time.sleep(0.5)
+    else:
+        raise LabError(f"{c.name}: systemd is {state} but sshd on {c.address}:22 did not accept the lab "
+                       f"key within {settings.boot_timeout:.0f} s. Journal tail:\n"
+                       f"{journal_tail(paths, c, leader)}")
+    if state == "degraded" and leader is not None:
+        failed = run(nsenter_argv(leader, "systemctl", "--failed", "--no-legend", "--plain"),
+                     check=False, timeout=15).stdout.strip()
+        clock.say(f"{c.name}: systemd degraded; failed units: {failed or '(none listed)'}")
+    return state
+
+
+def stop_machine(paths: Paths, c: Container, settings: Settings, clock: Clock) -> bool:
+    """Power the container off through its systemd, then kill it after a bounded wait.
+
+    Also ends a container whose systemd-nspawn was killed but whose systemd lives on.
+    """
+    pid = running_pid(paths, c)
+    leader = container_leader(pid) if pid else None
+    orphans = [] if pid else orphan_leaders(paths.machine(c.name))
+    if pid is None and not orphans:
+        return False
+    started = time.monotonic()
+    watch = [p for p in (pid, leader, *orphans) if p is not None]
+    for target in ([leader] if leader else orphans):
+        run(nsenter_argv(target, "systemctl", "poweroff", "--no-block"), check=False, timeout=15)
+    how = "powered off"
+    if not wait_gone_all(watch, settings.stop_timeout):
+        how = "terminated"
+        if pid is not None and is_alive(pid):
+            os.kill(pid, signal.SIGTERM)  # nspawn turns this into an orderly halt of the container
+        if not wait_gone_all(watch, 10):
+            how = "killed"
+            for victim in watch:  # SIGKILL to a namespace's PID 1 ends every process in it
+                if is_alive(victim):
+                    os.kill(victim, signal.SIGKILL)
+            if not wait_gone_all(watch, 10):
+                raise LabError(f"{c.name}: processes {watch} survived SIGKILL; check `ps -o "
+                               f"pid,stat,cmd -p {','.join(map(str, watch))}` (stuck in the kernel?).")
+    paths.pidfile(c.name).unlink(missing_ok=True)
+    unmount_all_under(paths.machine(c.name))
+    what = "container" if pid else f"orphaned container (systemd pid {', '.join(map(str, orphans))}, no nspawn)"
+    clock.say(f"{c.name}: {what} {how} in {time.monotonic() - started:.1f} s")
+    return True
+
+
+def wait_gone_all(pids: Sequence[int], seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if not any(is_alive(p) for p in pids):
+            return True
+        time.sleep(0.2)
+    return not any(is_alive(p) for p in pids)
+
+
+# --------------------------------------------------------------------------- commands
+
+
+@dataclass
+class Lab:
+    """The lab's commands over one state folder."""
+
+    settings: Settings
+    clock: Clock = dataclasses.field(default_factory=Clock)
+
+    @property
+    def paths(self) -> Paths:
+        return Paths(self.settings.state)
+
+    def lock(self) -> TextIO:
+        """Serialise lab commands that change state (a second `lab up` waits for the first)."""
+        self.paths.state.mkdir(parents=True, exist_ok=True)
+        handle = self.paths.lock.open("w")
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        return handle
+
+    def select(self, names: Sequence[str]) -> list[Container]:
+        known = {c.name: c for c in CONTAINERS}
+        unknown = [n for n in names if n not in known]
+        if unknown:
+            raise LabError(f"Unknown container {', '.join(unknown)}; the lab has {', '.join(known)}.")
+        return [known[n] for n in names] if names else list(CONTAINERS)
+
+    def up(self, names: Sequence[str] = ()) -> int:
+        refuse_on_proxmox()
+        require_root()
+        _lock = self.lock()
+        containers = self.select(names)
+        ensure_host_tools(self.clock)
+        changed = build_base(self.paths, self.settings, self.clock)
+        ensure_lab_key(self.paths, self.clock)
+        created = [c for c in containers if create_machine(self.paths, c, self.clock)]
+        if created:
+            write_known_hosts(self.paths)
+            changed = True
+        self.warn_unprovisioned(containers)
+        booting = {}
+        for c in containers:
+            pid = running_pid(self.paths, c)
+            if pid is None:
+                if orphan_leaders(self.paths.machine(c.name)):
+                    self.clock.say(f"{c.name}: systemd-nspawn is gone but the container's systemd "
+                                   "still runs; stopping it before a fresh boot")
+                    stop_machine(self.paths, c, self.settings, self.clock)
+                booting[c.name] = start_nspawn(self.paths, c, self.clock)
+        for c in containers:
+            pid = booting.get(c.name) or running_pid(self.paths, c)
+            assert pid is not None
+            if c.name in booting:
+                state = wait_ready(self.paths, c, pid, self.settings, self.clock)
+                self.clock.say(f"{c.name}: ready ({state}, ssh root@{c.address})")
+                changed = True
+            else:
+                self.check_running(c, pid)
+        if changed:
+            self.clock.say(f"lab up: done in {self.clock.elapsed():.1f} s")
+        else:
+            self.clock.say("lab up: nothing to do; "
+                           + ", ".join(f"{c.name} running (pid {running_pid(self.paths, c)})" for c in containers))
+        return 0
+
+    def check_running(self, c: Container, pid: int) -> None:
+        """A container already up must still be healthy; a stuck one is reported, not rebooted."""
+        state = systemd_state(container_leader(pid))
+        if state not in READY_STATES:
+            state = wait_ready(self.paths, c, pid, self.settings, self.clock)
+        if not ssh_answers(self.paths, c):
+            raise LabError(f"{c.name} is running (pid {pid}, systemd {state}) but sshd on {c.address}:22 "
+                           f"does not accept the lab key. Try `lab stop {c.name} && lab up`.")
+
+    def warn_unprovisioned(self, containers: Sequence[Container]) -> None:
+        if not (KIT_PROVISION.is_file() and os.access(KIT_PROVISION, os.X_OK)):
+            return
+        for c in containers:
+            info = created_info(self.paths, c)
+            if info is not None and not info.get("provisioned"):
+                self.clock.say(f"{c.name}: note: created before lab/kit/provision existed, so it has no "
+                               "GPU simulation kit; `lab down && lab up` rebuilds it with the kit")
+
+    def start(self, names: Sequence[str]) -> int:
+        return self.up(names)
+
+    def stop(self, names: Sequence[str]) -> int:
+        refuse_on_proxmox()
+        require_root()
+        _lock = self.lock()
+        for c in self.select(names):
+            if not stop_machine(self.paths, c, self.settings, self.clock):
+                self.clock.say(f"{c.name}: already stopped")
+        return 0
+
+    def down(self, purge: bool = False) -> int:
+        refuse_on_proxmox()
+        require_root()
+        if not self.paths.state.exists():
+            self.clock.say(f"lab down: nothing to do ({self.paths.state} does not exist)")
+            return 0
+        _lock = self.lock()
+        for c in CONTAINERS:
+            if not stop_machine(self.paths, c, self.settings, self.clock):
+                self.clock.say(f"{c.name}: not running")
+            if self.paths.machine(c.name).exists() or self.paths.created_stamp(c.name).exists():
+                self.paths.created_stamp(c.name).unlink(missing_ok=True)
+                remove_tree(self.paths.machine(c.name))
+                self.clock.say(f"{c.name}: removed {self.paths.machine(c.name)}")
+        write_known_hosts(self.paths)
+        unmount_all_under(self.paths.state, self.clock)
+        if purge:
+            self.paths.lock.unlink(missing_ok=True)
+            remove_tree(self.paths.state)
+            self.clock.say(f"purged {self.paths.state} (base rootfs, lab key, logs)")
+        else:
+            self.clock.say(f"kept cached base rootfs {self.paths.base} (`lab down --purge` removes it)")
+        self.clock.say(f"lab down: done in {self.clock.elapsed():.1f} s")
+        return 0
+
+    def status_of(self, c: Container) -> ContainerStatus:
+        pid = running_pid(self.paths, c) if self.paths.state.exists() else None
+        leader = container_leader(pid) if pid else None
+        orphans = [] if pid else orphan_leaders(self.paths.machine(c.name))
+        info = created_info(self.paths, c)
+        return ContainerStatus(
+            name=c.name, group=c.group, address=c.address, created=info is not None,
+            provisioned=bool(info.get("provisioned")) if info else None,
+            pid=pid, leader=leader,
+            systemd="orphaned" if orphans else systemd_state(leader),
+            ssh=ssh_answers(self.paths, c) if leader else False,
+        )
+
+    def status(self, as_json: bool = False) -> int:
+        rows = [self.status_of(c) for c in CONTAINERS]
+        if as_json:
+            print(json.dumps({"state_dir": str(self.paths.state),
+                              "base_rootfs": base_stamp_matches(self.paths),
+                              "containers": [dataclasses.asdict(r) for r in rows]}, indent=2))
+        else:
+            base = "cached" if base_stamp_matches(self.paths) else "not built"
+            print(f"state {self.paths.state}  base rootfs: {base}")
+            print(f"{'NAME':<7}{'GROUP':<9}{'ADDRESS':<14}{'PID':<9}{'SYSTEMD':<14}{'SSH':<5}{'DISK'}")
+            for r in rows:
+                disk = ("created, kit" if r.provisioned else "created") if r.created else "-"
+                print(f"{r.name:<7}{r.group:<9}{r.address:<14}{str(r.pid or '-'):<9}{r.systemd:<14}"
+                      f"{'yes' if r.ssh else 'no':<5}{disk}")
+        return 0 if all(r.systemd in READY_STATES and r.ssh for r in rows) else 3
+
+    def shell(self, name: str) -> int:
+        require_root()
+        c = self.select([name])[0]
+        pid = running_pid(self.paths, c)
+        leader = container_leader(pid) if pid else None
+        if leader is None:
+            raise LabError(f"{c.name} is not running; `lab up` or `lab start {c.name}` first.")
+        argv = ["nsenter", "-t", str(leader), "-a", "-r", "--", "/usr/bin/env", "-i",
+                f"PATH={CONTAINER_PATH}", "LANG=C.UTF-8", f"TERM={os.environ.get('TERM', 'xterm')}",
+                "HOME=/root", "/bin/bash", "-l"]
+        os.execvp(argv[0], argv)
+        return 0
+
+
+def parse_args(argv: Sequence[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="lab", description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    up = sub.add_parser("up", help="build, boot and wait for the lab containers (idempotent)")
+    up.add_argument("names", nargs="*", help="only these containers (default: all)")
+    down = sub.add_parser("down", help="stop and remove the containers; keeps the cached rootfs")
+    down.add_argument("--purge", action="store_true", help="also remove the base rootfs, lab key and logs")
+    status = sub.add_parser("status", help="pid, address, systemd state and ssh of each container")
+    status.add_argument("--json", action="store_true")
+    for name, text in (("start", "start one container (creating it if needed)"),
+                       ("stop", "power one container off, keeping its disk")):
+        p = sub.add_parser(name, help=text)
+        p.add_argument("names", nargs="+", metavar="NAME")
+    shell = sub.add_parser("shell", help="a root shell inside a running container")
+    shell.add_argument("name")
+    return parser.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    lab = Lab(Settings.from_env())
+    try:
+        if args.command == "up":
+            return lab.up(args.names)
+        if args.command == "down":
+            return lab.down(purge=args.purge)
+        if args.command == "status":
+            return lab.status(as_json=args.json)
+        if args.command == "start":
+            return lab.start(args.names)
+        if args.command == "stop":
+            return lab.stop(args.names)
+        if args.command == "shell":
+            return lab.shell(args.name)
+    except LabError as exc:
+        print(f"lab {args.command}: error: {exc}", file=sys.stderr, flush=True)
+        return 1
+    except KeyboardInterrupt:
+        print(f"lab {args.command}: interrupted", file=sys.stderr)
+        return 130
+    raise AssertionError(args.command)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

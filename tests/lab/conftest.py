@@ -1,0 +1,93 @@
+"""Fixtures for the lab builder tests: one lab for the whole session, brought up through lab/labctl.py."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import Any, Iterator
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+LABCTL_PATH = REPO / "lab" / "labctl.py"
+
+
+def load_labctl() -> ModuleType:
+    """Import lab/labctl.py so the tests share its container table and /proc helpers."""
+    spec = importlib.util.spec_from_file_location("labctl", LABCTL_PATH)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["labctl"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+labctl = load_labctl()
+
+
+@dataclass
+class LabHandle:
+    """The session's lab: its state folder and ways to drive and inspect it."""
+
+    paths: Any  # labctl.Paths
+    mod: ModuleType = labctl  # lab/labctl.py itself: container table and /proc helpers
+
+    @property
+    def names(self) -> list[str]:
+        return [c.name for c in self.mod.CONTAINERS]
+
+    @property
+    def addresses(self) -> dict[str, str]:
+        return {c.name: c.address for c in self.mod.CONTAINERS}
+
+    def cli(self, *args: str) -> subprocess.CompletedProcess[str]:
+        """Run the lab entry point and return its completed process (never raises)."""
+        return subprocess.run([sys.executable, str(LABCTL_PATH), *args], cwd=REPO, text=True,
+                              capture_output=True, stdin=subprocess.DEVNULL)
+
+    def cli_ok(self, *args: str) -> str:
+        proc = self.cli(*args)
+        assert proc.returncode == 0, f"lab {' '.join(args)} exited with {proc.returncode}:\n{proc.stdout}{proc.stderr}"
+        return proc.stdout
+
+    def status(self) -> dict[str, dict[str, Any]]:
+        """`lab status --json`, keyed by container name."""
+        proc = self.cli("status", "--json")
+        assert proc.returncode in (0, 3), proc.stderr
+        return {row["name"]: row for row in json.loads(proc.stdout)["containers"]}
+
+    def ssh(self, name: str, *command: str) -> subprocess.CompletedProcess[str]:
+        """Run a command in a container over SSH with the lab key and the lab's known_hosts."""
+        container = next(c for c in labctl.CONTAINERS if c.name == name)
+        return subprocess.run(labctl.ssh_argv(self.paths, container, *command), text=True,
+                              capture_output=True, stdin=subprocess.DEVNULL)
+
+
+def lab_skip_reason() -> str | None:
+    if sys.platform != "linux":
+        return "the lab boots systemd-nspawn containers and needs Linux"
+    if os.geteuid() != 0:
+        return "the lab needs root (debootstrap, systemd-nspawn); run as root or `make lab-up` first"
+    if Path("/etc/pve").exists():
+        return "refusing to boot lab containers on a Proxmox node (/etc/pve exists)"
+    return None
+
+
+@pytest.fixture(scope="session")
+def lab() -> Iterator[LabHandle]:
+    """Bring the lab up once for the session; if it was up before, leave it up afterwards."""
+    reason = lab_skip_reason()
+    if reason:
+        pytest.skip(reason)
+    handle = LabHandle(paths=labctl.Paths(labctl.Settings.from_env().state))
+    was_up = all(row["pid"] for row in handle.status().values()) if handle.paths.state.exists() else False
+    handle.cli_ok("up")
+    yield handle
+    if was_up:
+        handle.cli_ok("up")
