@@ -37,7 +37,10 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     try:
         request = yaml.safe_load(text)
     except yaml.YAMLError as exc:
-        raise parsers.ParseError(label, f"expected a JSON or YAML request, found invalid syntax ({exc})") from exc
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(exc, "problem", None) or "invalid syntax"
+        raise parsers.ParseError(label, f"expected a JSON or YAML request, found {problem}{where}") from exc
     base = Path(args.file).resolve().parent if args.file != "-" else Path.cwd()
     result = plan_dict(request if request is not None else {}, base)
     if args.format == "table":

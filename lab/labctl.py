@@ -865,6 +865,20 @@ class Lab:
                 self.clock.say(f"{c.name}: already stopped")
         return 0
 
+    def reset(self, names: Sequence[str]) -> int:
+        """Rebuild containers from the cached rootfs (initial state, kit included), leaving the others alone."""
+        refuse_on_proxmox()
+        require_root()
+        containers = self.select(names)
+        with self.lock():
+            for c in containers:
+                stop_machine(self.paths, c, self.settings, self.clock)
+                self.paths.created_stamp(c.name).unlink(missing_ok=True)
+                unmount_all_under(self.paths.machine(c.name), self.clock)
+                remove_tree(self.paths.machine(c.name))
+                self.clock.say(f"{c.name}: removed; rebuilding from {self.paths.base}")
+        return self.up([c.name for c in containers])
+
     def down(self, purge: bool = False) -> int:
         refuse_on_proxmox()
         require_root()
@@ -946,6 +960,8 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
                        ("stop", "power one container off, keeping its disk")):
         p = sub.add_parser(name, help=text)
         p.add_argument("names", nargs="+", metavar="NAME")
+    reset = sub.add_parser("reset", help="rebuild containers from the cached rootfs (initial state)")
+    reset.add_argument("names", nargs="+", metavar="NAME")
     shell = sub.add_parser("shell", help="a root shell inside a running container")
     shell.add_argument("name")
     return parser.parse_args(argv)
@@ -965,6 +981,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return lab.start(args.names)
         if args.command == "stop":
             return lab.stop(args.names)
+        if args.command == "reset":
+            return lab.reset(args.names)
         if args.command == "shell":
             return lab.shell(args.name)
     except LabError as exc:

@@ -69,6 +69,11 @@ class LabHandle:
                               capture_output=True, stdin=subprocess.DEVNULL)
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests that take the lab down run after every other test of the session."""
+    items.sort(key=lambda item: item.get_closest_marker("lab_teardown") is not None)
+
+
 def lab_skip_reason() -> str | None:
     if sys.platform != "linux":
         return "the lab boots systemd-nspawn containers and needs Linux"

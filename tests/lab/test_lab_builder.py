@@ -154,6 +154,7 @@ def test_up_restarts_a_container_whose_nspawn_died(lab: LabHandle) -> None:
     assert lab.mod.orphan_leaders(lab.paths.machine(name)) == []
 
 
+@pytest.mark.lab_teardown
 def test_down_leaves_no_process_and_no_mount(lab: LabHandle) -> None:
     uuids = {lab.mod.machine_uuid(lab.paths.machine(n)) for n in lab.names}
     lab.cli_ok("down")

@@ -1,0 +1,30 @@
+"""Every molecule scenario in molecule/ runs its full sequence against the lab (create ... verify, destroy)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from helpers import BIN, ROOT, run  # noqa: E402
+
+if TYPE_CHECKING:
+    from tests.lab.conftest import LabHandle
+
+pytestmark = pytest.mark.lab
+
+SCENARIOS = sorted(p.parent.name for p in (ROOT / "molecule").glob("*/molecule.yml"))
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS)
+def test_molecule_scenario(lab: LabHandle, scenario: str) -> None:
+    env = dict(os.environ, PATH=f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}", ANSIBLE_NOCOLOR="1",
+               PY_COLORS="0", ANSIBLE_FORCE_COLOR="0")
+    proc = run([str(BIN / "molecule"), "test", "-s", scenario], env=env, stdin=subprocess.DEVNULL)
+    tail = (proc.stdout + proc.stderr)[-6000:]
+    assert proc.returncode == 0, f"molecule test -s {scenario} failed:\n{tail}"
