@@ -13,7 +13,7 @@ export ANSIBLE_CONFIG := $(abspath ansible.cfg)
 PLAYBOOKS := deploy_dflash.yml $(wildcard playbooks/*.yml)
 PYTEST_ARGS ?=
 
-.PHONY: help setup lock sglang-env sglang-flags lint syntax test test-unit plan lab-up lab-down lab-status demo clean
+.PHONY: help setup lock sglang-env sglang-flags lint syntax test test-unit plan lab-wheels lab-up lab-down lab-status demo clean
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-13s %s\n", $$1, $$2}'
@@ -57,7 +57,10 @@ test: setup sglang-env lint ## everything CI runs: setup, lint, unit, real-parse
 plan: setup ## print the plans of the example requests (examples/*.yml)
 	@for req in examples/*.yml; do echo "== $$req"; $(BIN)/dflash-infra plan "$$req" --format table || true; done
 
-lab-up: setup ## boot the lab containers (ct200, ct129) on loopback addresses
+lab-wheels: setup ## build the lab's engine stand-in wheel (.cache/lab/wheelhouse)
+	PYTHON=$(abspath $(BIN)/python) lab/engine/build_wheel.sh
+
+lab-up: setup lab-wheels ## boot the lab containers (ct200, ct129) on loopback addresses
 	$(BIN)/python lab/labctl.py up
 
 lab-down: ## stop and remove the lab containers (keeps the cached rootfs)

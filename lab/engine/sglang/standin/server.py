@@ -1,0 +1,271 @@
+"""LAB STAND-IN: the HTTP surface of an SGLang 0.5.23 server, served with the standard library.
+
+Routes and JSON shapes follow sglang/srt/entrypoints/http_server.py and openai/protocol.py of 0.5.23:
+/health, /health_generate and /ready (503 while starting, 200 with an empty body once ready),
+/v1/models, /model_info, /server_info (and the deprecated /get_* spellings), /generate with the
+speculative `meta_info` fields of tokenizer_manager.py, /v1/chat/completions and /v1/completions.
+Nothing is inferred: the text is a deterministic function of the prompt, and the speculative
+figures are a deterministic function of prompt and block size. Never use this in production.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+WORDS = ("the", "draft", "model", "proposes", "a", "block", "of", "tokens", "and", "target", "verifies",
+         "them", "in", "one", "pass", "so", "decoding", "runs", "faster", "while", "output", "stays", "exact")
+DEFAULT_MAX_NEW_TOKENS = 128
+
+
+@dataclass
+class EngineState:
+    """What the handlers read: the served model, resolved settings, readiness and failure switches."""
+
+    served_model_name: str
+    model_path: str
+    context_length: int
+    server_info: dict[str, Any]
+    model_info: dict[str, Any]
+    num_draft_tokens: int | None
+    eos_token_id: int | None
+    fail_generate: bool = False
+    ready: threading.Event = field(default_factory=threading.Event)
+    log: Any = None
+
+
+def count_tokens(text: str) -> int:
+    """A deterministic token count for a prompt (words and punctuation; at least 1)."""
+    return max(1, len(re.findall(r"\w+|[^\w\s]", text)))
+
+
+def _digest(*parts: Any) -> bytes:
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).digest()
+
+
+def completion(prompt: str, max_new_tokens: int) -> tuple[str, list[int]]:
+    """Deterministic text and token ids for a prompt: same prompt, same answer."""
+    seed = _digest(prompt)
+    words, ids = [], []
+    for i in range(max_new_tokens):
+        b = seed[i % len(seed)] ^ (i * 131 % 256)
+        words.append(WORDS[b % len(WORDS)])
+        ids.append(1000 + (b * 97 + i) % 240000)
+    return " " + " ".join(words), ids
+
+
+def spec_metrics(prompt: str, completion_tokens: int, block: int) -> dict[str, Any]:
+    """meta_info speculative fields as tokenizer_manager._calculate_spec_decoding_metrics computes them.
+
+    Each verify step accepts k drafts (0..block-1) plus one bonus token; k is drawn from the prompt
+    hash so the figures are stable, with an average acceptance length around 4-7 for block 16.
+    """
+    if completion_tokens <= 0 or block <= 1:
+        return {}
+    seed = _digest(prompt, block)
+    histogram = [0] * block
+    produced, verify_ct, correct = 0, 0, 0
+    while produced < completion_tokens:
+        b = seed[verify_ct % len(seed)]
+        k = min(block - 1, (b % 7) + (b >> 5) % 3 + 1)
+        k = min(k, completion_tokens - produced - 1)
+        histogram[k] += 1
+        correct += k
+        produced += k + 1
+        verify_ct += 1
+    proposed = verify_ct * (block - 1)
+    return {
+        "spec_accept_rate": correct / proposed,
+        "spec_accept_length": completion_tokens / verify_ct,
+        "spec_num_correct_drafts": correct,
+        "spec_num_proposed_drafts": proposed,
+        "spec_verify_ct": verify_ct,
+        "spec_correct_drafts_histogram": histogram,
+    }
+
+
+def generate_one(state: EngineState, prompt: str, sampling: dict[str, Any], started: float) -> dict[str, Any]:
+    """One /generate result: text, output_ids and meta_info."""
+    max_new = sampling.get("max_new_tokens")
+    limit = DEFAULT_MAX_NEW_TOKENS if max_new is None else int(max_new)
+    text, ids = completion(prompt, limit)
+    meta: dict[str, Any] = {
+        "id": uuid.uuid4().hex,
+        "finish_reason": {"type": "length", "length": limit},
+        "prompt_tokens": count_tokens(prompt),
+        "weight_version": "default",
+        "num_retractions": 0,
+        "reasoning_tokens": 0,
+        "completion_tokens": len(ids),
+        "cached_tokens": 0,
+    }
+    if state.num_draft_tokens:
+        meta.update(spec_metrics(prompt, len(ids), state.num_draft_tokens))
+    meta["e2e_latency"] = time.monotonic() - started
+    return {"text": text, "output_ids": ids, "meta_info": meta}
+
+
+def _prompt_of_messages(messages: list[dict[str, Any]]) -> str:
+    parts = []
+    for m in messages:
+        content = m.get("content")
+        if isinstance(content, list):
+            content = " ".join(str(c.get("text", "")) for c in content if isinstance(c, dict))
+        parts.append(f"{m.get('role', 'user')}: {content}")
+    return "\n".join(parts)
+
+
+class Handler(BaseHTTPRequestHandler):
+    """Routes of the SGLang HTTP server that deployments and readiness gates use."""
+
+    server_version = "uvicorn"
+    sys_version = ""
+    protocol_version = "HTTP/1.1"
+    state: EngineState  # set on the subclass by make_server
+
+    # -- plumbing ---------------------------------------------------------------------------------
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - BaseHTTPRequestHandler's name
+        return
+
+    def _access(self, code: int) -> None:
+        phrase = {200: "OK", 400: "Bad Request", 404: "Not Found", 500: "Internal Server Error",
+                  503: "Service Unavailable"}.get(code, "")
+        if self.state.log:
+            self.state.log(f'INFO:     {self.client_address[0]}:{self.client_address[1]} - '
+                           f'"{self.command} {self.path} HTTP/1.1" {code} {phrase}')
+
+    def _send(self, code: int, body: bytes = b"", content_type: str = "application/json") -> None:
+        self.send_response(code)
+        self.send_header("content-type", content_type)
+        self.send_header("content-length", str(len(body)))
+        self.end_headers()
+        if body and self.command != "HEAD":
+            self.wfile.write(body)
+        self._access(code)
+
+    def _json(self, code: int, payload: Any) -> None:
+        self._send(code, json.dumps(payload).encode())
+
+    def _body(self) -> dict[str, Any] | None:
+        length = int(self.headers.get("content-length") or 0)
+        raw = self.rfile.read(length) if length else b""
+        try:
+            data = json.loads(raw or b"{}")
+        except json.JSONDecodeError as e:
+            self._json(400, {"object": "error", "message": f"expected a JSON body, found invalid JSON: {e}",
+                             "type": "BadRequestError", "param": None, "code": 400})
+            return None
+        if not isinstance(data, dict):
+            self._json(400, {"object": "error", "message": "expected a JSON object body",
+                             "type": "BadRequestError", "param": None, "code": 400})
+            return None
+        return data
+
+    # -- routes -------------------------------------------------------------------------------------
+    def do_GET(self) -> None:  # noqa: N802 - http.server's naming
+        path = self.path.split("?", 1)[0]
+        ready = self.state.ready.is_set()
+        if path in ("/health", "/health_generate", "/ready"):
+            self._send(200 if ready else 503, content_type="text/plain")
+        elif path == "/v1/models":
+            self._json(200, {"object": "list", "data": [self._card(self.state.served_model_name)]})
+        elif path.startswith("/v1/models/"):
+            name = path[len("/v1/models/"):]
+            if name != self.state.served_model_name:
+                self._json(404, {"error": {"message": f"The model '{name}' does not exist",
+                                           "type": "invalid_request_error", "param": "model",
+                                           "code": "model_not_found"}})
+            else:
+                self._json(200, self._card(name))
+        elif path in ("/server_info", "/get_server_info"):
+            self._json(200, self.state.server_info)
+        elif path in ("/model_info", "/get_model_info"):
+            self._json(200, self.state.model_info)
+        else:
+            self._json(404, {"detail": "Not Found"})
+
+    def do_POST(self) -> None:  # noqa: N802 - http.server's naming
+        path = self.path.split("?", 1)[0]
+        if path not in ("/generate", "/v1/chat/completions", "/v1/completions"):
+            self._json(404, {"detail": "Not Found"})
+            return
+        body = self._body()
+        if body is None:
+            return
+        if self.state.fail_generate:
+            self._json(500, {"error": {"message": "lab stand-in: generation fails because "
+                                                  "SGLANG_STANDIN_FAIL_GENERATE is set", "code": 500}})
+            return
+        started = time.monotonic()
+        if path == "/generate":
+            self._generate(body, started)
+        elif path == "/v1/chat/completions":
+            prompt = _prompt_of_messages(body.get("messages") or [])
+            self._openai(body, prompt, started, chat=True)
+        else:
+            self._openai(body, str(body.get("prompt", "")), started, chat=False)
+
+    def _card(self, name: str) -> dict[str, Any]:
+        return {"id": name, "object": "model", "created": int(time.time()), "owned_by": "sglang",
+                "root": name, "parent": None, "max_model_len": self.state.context_length}
+
+    def _generate(self, body: dict[str, Any], started: float) -> None:
+        text = body.get("text")
+        if text is None and body.get("input_ids") is not None:
+            text = json.dumps(body["input_ids"])
+        if text is None:
+            self._json(400, {"error": {"message": "Either text, input_ids or input_embeds should be provided."}})
+            return
+        sampling = body.get("sampling_params") or {}
+        if isinstance(text, list):
+            out: Any = [generate_one(self.state, str(t), sampling, started) for t in text]
+        else:
+            out = generate_one(self.state, str(text), sampling, started)
+        if body.get("stream"):
+            chunks = out if isinstance(out, list) else [out]
+            payload = "".join(f"data: {json.dumps(c)}\n\n" for c in chunks) + "data: [DONE]\n\n"
+            self._send(200, payload.encode(), content_type="text/event-stream")
+        else:
+            self._json(200, out)
+
+    def _openai(self, body: dict[str, Any], prompt: str, started: float, chat: bool) -> None:
+        limit = body.get("max_completion_tokens") or body.get("max_tokens")
+        result = generate_one(self.state, prompt, {"max_new_tokens": limit or 32}, started)
+        meta = result["meta_info"]
+        finish = "length" if limit else "stop"
+        matched = None if limit else self.state.eos_token_id
+        usage = {"prompt_tokens": meta["prompt_tokens"], "total_tokens": meta["prompt_tokens"] + meta["completion_tokens"],
+                 "completion_tokens": meta["completion_tokens"], "prompt_tokens_details": None, "reasoning_tokens": 0}
+        if chat:
+            choice = {"index": 0, "message": {"role": "assistant", "content": result["text"].strip(),
+                                              "reasoning_content": None, "tool_calls": None},
+                      "logprobs": None, "finish_reason": finish, "matched_stop": matched}
+            obj = "chat.completion"
+        else:
+            choice = {"index": 0, "text": result["text"], "logprobs": None, "finish_reason": finish,
+                      "matched_stop": matched}
+            obj = "text_completion"
+        self._json(200, {"id": meta["id"], "object": obj, "created": int(time.time()),
+                         "model": body.get("model") or self.state.served_model_name,
+                         "choices": [choice], "usage": usage, "metadata": {"weight_version": "default"}})
+
+
+def make_server(host: str, port: int, state: EngineState) -> ThreadingHTTPServer:
+    """A threading HTTP server bound to host:port with handlers reading `state`."""
+    handler = type("StandinHandler", (Handler,), {"state": state})
+    return StandinHTTPServer((host, port), handler)
+
+
+class StandinHTTPServer(ThreadingHTTPServer):
+    """ThreadingHTTPServer that re-binds a port in TIME_WAIT (as uvicorn does) and never blocks exit."""
+
+    allow_reuse_address = True
+    daemon_threads = True
+

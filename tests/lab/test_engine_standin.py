@@ -1,0 +1,539 @@
+"""The lab's SGLang engine stand-in (lab/engine): built wheel, parser, DFLASH rules, logs, HTTP, failures.
+
+Everything runs against the wheel as the lab installs it: built by lab/engine/build_wheel.sh into
+.cache/lab/wheelhouse, installed with pip --no-index into a fresh venv. Servers bind to 127.0.0.1
+on a free port. No lab containers are needed.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+import yaml
+
+from dflash_infra.planner import plan_dict
+
+REPO = Path(__file__).resolve().parents[2]
+BUILD = REPO / "lab" / "engine" / "build_wheel.sh"
+WHEELHOUSE = REPO / ".cache" / "lab" / "wheelhouse"
+MODELS = REPO / "dflash_infra" / "data" / "models"
+VERSION = "0.5.23+lab"
+TS = r"\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?: DP\d+)?(?: TP\d+)?\]"
+# SGLang 0.5.23 log formats (model_runner.py, memory_pool.py, kv_cache_configurator.py, http_server.py).
+FORMATS = {
+    "load_end": rf"^{TS} Load weight end\. elapsed=\d+\.\d\d s, type=\w+, avail mem=\d+\.\d\d GB, "
+                r"mem usage=\d+\.\d\d GB\.$",
+    "kv": rf"^{TS} KV Cache is allocated\. dtype: torch\.\w+, #tokens: \d+, K size: \d+\.\d\d GB, "
+          r"V size: \d+\.\d\d GB$",
+    "pool_end": rf"^{TS} Memory pool end\. avail mem=\d+\.\d\d GB$",
+    "mamba": rf"^{TS} Mamba Cache is allocated\. max_mamba_cache_size: \d+, conv_state size: \d+\.\d\dGB, "
+             r"ssm_state size: \d+\.\d\dGB intermediate_ssm_state_cache size: \d+\.\d\dGB "
+             r"intermediate_conv_window_cache size: \d+\.\d\dGB $",
+    "ready": rf"^{TS} The server is fired up and ready to roll!$",
+}
+
+
+@dataclass
+class Proc:
+    """A running stand-in: its process, port, stderr log file and GPU registration folder."""
+
+    popen: subprocess.Popen[bytes]
+    port: int
+    log: Path
+    procs_dir: Path
+
+    def url(self, path: str) -> str:
+        return f"http://127.0.0.1:{self.port}{path}"
+
+    def text(self) -> str:
+        return self.log.read_text(encoding="utf-8", errors="replace")
+
+
+# ---------------------------------------------------------------------------------------------
+# Fixtures: wheel, venv, model directories, planner argv
+# ---------------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="session")
+def wheel() -> Path:
+    env = dict(os.environ, PYTHON=sys.executable)
+    proc = subprocess.run([str(BUILD)], cwd=REPO, env=env, capture_output=True, text=True, check=False)
+    assert proc.returncode == 0, f"build_wheel.sh failed:\n{proc.stdout}{proc.stderr}"
+    path = Path(proc.stdout.strip().splitlines()[-1])
+    assert path == WHEELHOUSE / f"sglang-{VERSION}-py3-none-any.whl" and path.is_file()
+    return path
+
+
+@pytest.fixture(scope="session")
+def venv_python(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A fresh venv with the stand-in installed from the wheelhouse, as the engine role does."""
+    venv = tmp_path_factory.mktemp("engine-venv") / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    pip = subprocess.run([str(venv / "bin" / "pip"), "install", "--quiet", "--no-index", "--find-links",
+                          str(WHEELHOUSE), f"sglang=={VERSION}"], capture_output=True, text=True, check=False)
+    assert pip.returncode == 0, pip.stdout + pip.stderr
+    return venv / "bin" / "python"
+
+
+@pytest.fixture(scope="session")
+def model_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Target and drafter directories holding the real config.json files."""
+    root = tmp_path_factory.mktemp("models")
+    dirs = {}
+    for key, name in (("target", "Qwen3.6-27B"), ("draft", "Qwen3.6-27B-DFlash")):
+        (root / name).mkdir()
+        shutil.copy(MODELS / name / "config.json", root / name / "config.json")
+        dirs[key] = root / name
+    return dirs
+
+
+@pytest.fixture(scope="session")
+def plan() -> dict[str, Any]:
+    request = yaml.safe_load((REPO / "examples" / "pro6000.yml").read_text())
+    result = plan_dict(request, base=REPO / "examples")
+    assert not result["errors"], result["errors"]
+    return result
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def set_flag(argv: list[str], flag: str, value: str | None) -> list[str]:
+    """argv with `flag` set to `value` (appended if absent) or removed (value None)."""
+    out, i = [], 0
+    while i < len(argv):
+        if argv[i] == flag:
+            i += 2
+            continue
+        out.append(argv[i])
+        i += 1
+    return out if value is None else out + [flag, value]
+
+
+@pytest.fixture(scope="session")
+def planner_argv(plan: dict[str, Any], model_dirs: dict[str, Path]) -> list[str]:
+    """The planner's engine argv for examples/pro6000.yml, pointed at local model dirs and loopback."""
+    argv = list(plan["args"])
+    for flag, value in (("--model-path", str(model_dirs["target"])),
+                        ("--speculative-draft-model-path", str(model_dirs["draft"])), ("--host", "127.0.0.1")):
+        assert flag in argv, f"expected {flag} in the planner argv {argv}"
+        argv[argv.index(flag) + 1] = value
+    return argv
+
+
+@pytest.fixture(scope="session")
+def gpu_profile(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A lab GPU profile like /etc/dflash-lab/gpu-profile.json for ct200 (8 GPUs of 97887 MiB)."""
+    path = tmp_path_factory.mktemp("profile") / "gpu-profile.json"
+    path.write_text(json.dumps({"gpu_model": {"name": "NVIDIA RTX PRO 6000 Blackwell Workstation Edition",
+                                              "memory_total_mib": 97887},
+                                "gpus": [{"index": i} for i in range(8)]}))
+    return path
+
+
+def run_standin(python: Path, argv: list[str], env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([str(python), "-m", "sglang.launch_server", *argv], capture_output=True, text=True,
+                          env=env, check=False)
+
+
+def start(python: Path, argv: list[str], tmp: Path, gpu_profile: Path, extra_env: dict[str, str] | None = None,
+          port: int | None = None) -> Proc:
+    procs_dir = tmp / "gpu-procs"
+    procs_dir.mkdir(exist_ok=True)
+    port = port or free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SGLANG_") and k != "CUDA_VISIBLE_DEVICES"}
+    env.update(DFLASH_LAB_GPU_PROFILE=str(gpu_profile), DFLASH_LAB_GPU_PROCS=str(procs_dir), **(extra_env or {}))
+    log = tmp / f"standin-{port}.log"
+    with log.open("wb") as fh:
+        popen = subprocess.Popen([str(python), "-m", "sglang.launch_server", *set_flag(argv, "--port", str(port))],
+                                 stdout=fh, stderr=subprocess.STDOUT, env=env)
+    return Proc(popen, port, log, procs_dir)
+
+
+def http(url: str, body: dict[str, Any] | None = None) -> tuple[int, bytes]:
+    data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(url, data=data, headers={"content-type": "application/json"})
+    try:
+        with urllib.request.urlopen(request) as response:
+            return response.status, response.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read()
+
+
+def wait_listening(proc: Proc) -> None:
+    """Until the stand-in logs that uvicorn listens (or exits)."""
+    while "Uvicorn running on" not in proc.text():
+        assert proc.popen.poll() is None, f"stand-in exited with {proc.popen.returncode}:\n{proc.text()[-3000:]}"
+        time.sleep(0.05)
+
+
+def wait_ready(proc: Proc) -> None:
+    """Until /health answers 200 (or the process exits)."""
+    while True:
+        assert proc.popen.poll() is None, f"stand-in exited with {proc.popen.returncode}:\n{proc.text()[-3000:]}"
+        try:
+            if http(proc.url("/health"))[0] == 200:
+                return
+        except (urllib.error.URLError, ConnectionError):
+            pass
+        time.sleep(0.05)
+
+
+def stop(proc: Proc) -> int:
+    if proc.popen.poll() is None:
+        proc.popen.send_signal(signal.SIGTERM)
+    return proc.popen.wait()
+
+
+@pytest.fixture(scope="module")
+def served(venv_python: Path, planner_argv: list[str], tmp_path_factory: pytest.TempPathFactory,
+           gpu_profile: Path) -> Iterator[Proc]:
+    """One stand-in started with the planner's argv, ready, for the HTTP tests."""
+    proc = start(venv_python, planner_argv, tmp_path_factory.mktemp("served"), gpu_profile)
+    wait_ready(proc)
+    yield proc
+    stop(proc)
+
+
+# ---------------------------------------------------------------------------------------------
+# Wheel and installation
+# ---------------------------------------------------------------------------------------------
+
+def test_wheel_carries_the_real_flag_table_and_says_it_is_a_stand_in(wheel: Path) -> None:
+    import zipfile
+
+    with zipfile.ZipFile(wheel) as zf:
+        names = zf.namelist()
+        table = json.loads(zf.read("sglang/standin/data/0.5.23.json"))
+        metadata = zf.read(f"sglang-{VERSION}.dist-info/METADATA").decode()
+    committed = json.loads((REPO / "dflash_infra" / "data" / "sglang" / "0.5.23.json").read_text())
+    assert table == committed
+    assert "sglang/launch_server.py" in names
+    assert "Summary: LAB STAND-IN for SGLang" in metadata and "Never use in production" in metadata
+
+
+def test_build_is_idempotent(wheel: Path) -> None:
+    before = wheel.stat().st_mtime_ns
+    proc = subprocess.run([str(BUILD)], cwd=REPO, env=dict(os.environ, PYTHON=sys.executable),
+                          capture_output=True, text=True, check=True)
+    assert "up to date" in proc.stdout
+    assert wheel.stat().st_mtime_ns == before
+
+
+def test_installed_in_a_fresh_venv_help_runs(venv_python: Path) -> None:
+    proc = run_standin(venv_python, ["--help"])
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("usage: sglang serve [-h] --model-path MODEL_PATH")
+    assert "--speculative-draft-window-size" in proc.stdout
+    version = subprocess.run([str(venv_python), "-c", "import sglang; print(sglang.__version__, sglang.STANDIN)"],
+                             capture_output=True, text=True, check=True)
+    assert version.stdout.split() == [VERSION, "True"]
+
+
+# ---------------------------------------------------------------------------------------------
+# Parser and start-up rules
+# ---------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize(("extra", "message"), [
+    (["--speculative-dflash-draft-window-size", "16"],
+     "sglang serve: error: unrecognized arguments: --speculative-dflash-draft-window-size 16"),
+    (["--cuda-graph-max-bs", "8"],
+     "sglang serve: error: ambiguous option: --cuda-graph-max-bs could match --cuda-graph-max-bs-decode, "
+     "--cuda-graph-max-bs-prefill"),
+    (["--mamba-scheduler-strategy", "auto"],
+     "sglang serve: error: unrecognized arguments: --mamba-scheduler-strategy auto"),
+    (["--tp-size", "two"],
+     "sglang serve: error: argument --tp-size/--tensor-parallel-size: invalid int value: 'two'"),
+])
+def test_flags_0523_does_not_accept_exit_2_with_argparse_message(
+        venv_python: Path, planner_argv: list[str], extra: list[str], message: str) -> None:
+    proc = run_standin(venv_python, planner_argv + extra)
+    assert proc.returncode == 2
+    assert "usage: sglang serve [-h] --model-path MODEL_PATH" in proc.stderr
+    assert proc.stderr.rstrip().splitlines()[-1] == message
+
+
+@pytest.mark.parametrize(("change", "last_line"), [
+    ({"--speculative-draft-window-size": "8"},
+     "ValueError: --speculative-draft-window-size must be >= --speculative-num-draft-tokens (block_size). "
+     "window_size=8, block_size=16."),
+    ({"--pp-size": "2"}, "ValueError: Currently DFLASH speculative decoding only supports pp_size == 1."),
+    ({"--speculative-draft-model-path": None},
+     "ValueError: DFLASH speculative decoding requires setting --speculative-draft-model-path."),
+    ({"--speculative-dflash-block-size": "0"},
+     "ValueError: DFLASH requires --speculative-dflash-block-size to be positive, got 0."),
+    ({"--speculative-num-draft-tokens": "8"},
+     "ValueError: Both --speculative-num-draft-tokens and --speculative-dflash-block-size are set but they "
+     "differ. For DFLASH they must match. speculative_num_draft_tokens=8, speculative_dflash_block_size=16."),
+    ({"--model-path": "/nonexistent/Qwen3.6-27B"},
+     "OSError: Incorrect path_or_model_id: '/nonexistent/Qwen3.6-27B'. Please provide either the path to a "
+     "local folder or the repo_id of a model on the Hub."),
+])
+def test_dflash_startup_rules_exit_1_with_the_real_error(
+        venv_python: Path, planner_argv: list[str], change: dict[str, str | None], last_line: str) -> None:
+    argv = planner_argv
+    for flag, value in change.items():
+        argv = set_flag(argv, flag, value)
+    proc = run_standin(venv_python, argv)
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    assert "Traceback (most recent call last):" in proc.stderr
+    assert proc.stderr.rstrip().splitlines()[-1] == last_line
+
+
+def test_model_dir_without_config_json_fails_like_transformers(
+        venv_python: Path, planner_argv: list[str], tmp_path: Path) -> None:
+    proc = run_standin(venv_python, set_flag(planner_argv, "--speculative-draft-model-path", str(tmp_path)))
+    assert proc.returncode == 1
+    assert proc.stderr.rstrip().splitlines()[-1] == (
+        f"OSError: {tmp_path} does not appear to have a file named config.json. Checkout "
+        f"'https://huggingface.co/{tmp_path}/tree/None' for available files.")
+
+
+# ---------------------------------------------------------------------------------------------
+# Start-up log and HTTP surface (planner argv: tp 2 x dp 4 on the 8-GPU profile)
+# ---------------------------------------------------------------------------------------------
+
+def test_formats_match_real_sglang_log_lines() -> None:
+    """The patterns used below match real SGLang lines captured from GPU machines."""
+    real = (REPO / "tests" / "fixtures" / "sglang-logs" / "club3090-1261.log").read_text().splitlines()
+    assert all(re.match(FORMATS["kv"], line) for line in real if "KV Cache is allocated" in line)
+    assert all(re.match(FORMATS["pool_end"], line) for line in real if "Memory pool end" in line)
+    assert sum(1 for line in real if "KV Cache is allocated" in line) == 4
+
+
+def test_startup_log_lines_in_sglang_formats(served: Proc, plan: dict[str, Any]) -> None:
+    lines = served.text().splitlines()
+    for name, pattern in FORMATS.items():
+        hits = [line for line in lines if re.match(pattern, line)]
+        assert hits, f"no {name} line matching {pattern!r} in:\n" + "\n".join(lines[-40:])
+    tp0 = [line for line in lines if line.startswith("[") and " DP0 TP0] " in line]
+    kv = [int(re.search(r"#tokens: (\d+)", line).group(1)) for line in tp0 if "KV Cache is allocated" in line]
+    assert len(kv) == 2 and kv[0] == kv[1] > 0  # target pool, then the drafter's pool of the same slots
+    pool_end = [float(re.search(r"avail mem=([\d.]+)", line).group(1)) for line in tp0 if "Memory pool end" in line]
+    gpu_gib = 97887 / 1024
+    # What the static pool leaves free is GPU * (1 - mem_fraction_static), as in SGLang.
+    assert pool_end[-1] == pytest.approx(gpu_gib * (1 - plan["mem_fraction_static"]), abs=0.05)
+    assert sum(1 for line in lines if "Load weight end." in line and "type=Qwen3_5ForConditionalGeneration" in line) == 8
+    assert any(f"max_running_requests={plan['max_running_requests']}, context_len={plan['context_length']}" in line
+               for line in tp0)
+
+
+def test_health_and_models(served: Proc) -> None:
+    status, body = http(served.url("/health"))
+    assert (status, body) == (200, b"")
+    status, body = http(served.url("/v1/models"))
+    models = json.loads(body)
+    assert status == 200 and models["object"] == "list"
+    card = models["data"][0]
+    assert (card["id"], card["object"], card["owned_by"], card["root"], card["max_model_len"]) == (
+        "Qwen3.6-27B", "model", "sglang", "Qwen3.6-27B", 262144)
+
+
+def test_generate_returns_speculative_metadata(served: Proc) -> None:
+    body = {"text": "Explain speculative decoding.", "sampling_params": {"max_new_tokens": 64}}
+    status, raw = http(served.url("/generate"), body)
+    assert status == 200
+    out = json.loads(raw)
+    meta = out["meta_info"]
+    assert meta["completion_tokens"] == len(out["output_ids"]) == 64
+    assert meta["finish_reason"] == {"type": "length", "length": 64}
+    assert meta["spec_verify_ct"] > 0
+    assert meta["spec_accept_length"] == pytest.approx(64 / meta["spec_verify_ct"])
+    assert 1.0 <= meta["spec_accept_length"] <= 16
+    assert meta["spec_num_proposed_drafts"] == meta["spec_verify_ct"] * 15
+    assert sum(meta["spec_correct_drafts_histogram"]) == meta["spec_verify_ct"]
+    again = json.loads(http(served.url("/generate"), body)[1])
+    assert again["text"] == out["text"] and again["meta_info"]["spec_verify_ct"] == meta["spec_verify_ct"]
+
+
+def test_chat_completions_and_server_info(served: Proc) -> None:
+    status, raw = http(served.url("/v1/chat/completions"),
+                       {"model": "Qwen3.6-27B", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8})
+    chat = json.loads(raw)
+    assert status == 200 and chat["object"] == "chat.completion"
+    assert chat["choices"][0]["message"]["role"] == "assistant" and chat["choices"][0]["finish_reason"] == "length"
+    assert chat["usage"]["completion_tokens"] == 8
+    assert chat["usage"]["total_tokens"] == chat["usage"]["prompt_tokens"] + 8
+    info = json.loads(http(served.url("/get_server_info"))[1])
+    assert info["version"] == VERSION
+    assert (info["tp_size"], info["dp_size"], info["speculative_algorithm"]) == (2, 4, "DFLASH")
+    assert info["speculative_num_draft_tokens"] == 16
+
+
+def test_registers_on_the_gpus_for_the_lab_nvidia_smi(served: Proc) -> None:
+    reg = json.loads((served.procs_dir / f"{served.popen.pid}.json").read_text())
+    assert reg["pid"] == served.popen.pid and reg["process_name"] == "python3"
+    assert [g["index"] for g in reg["gpus"]] == list(range(8))
+    spec = importlib.util.spec_from_file_location("lab_nvidia_smi", REPO / "lab" / "kit" / "nvidia_smi.py")
+    assert spec is not None and spec.loader is not None
+    smi = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = smi  # dataclasses look their module up while the file executes
+    spec.loader.exec_module(smi)
+    listed = [p for p in smi.live_processes(str(served.procs_dir)) if p.pid == served.popen.pid]
+    assert len(listed) == 8 and all(70000 < p.used_memory_mib < 97887 for p in listed)
+
+
+def test_sigterm_unregisters_and_exits_0(venv_python: Path, planner_argv: list[str], tmp_path: Path,
+                                         gpu_profile: Path) -> None:
+    proc = start(venv_python, planner_argv, tmp_path, gpu_profile, {"CUDA_VISIBLE_DEVICES": "0,1,2,3,4,5,6,7"})
+    wait_ready(proc)
+    assert (proc.procs_dir / f"{proc.popen.pid}.json").is_file()
+    assert stop(proc) == 0
+    assert not any(proc.procs_dir.iterdir())
+
+
+# ---------------------------------------------------------------------------------------------
+# Failure injection
+# ---------------------------------------------------------------------------------------------
+
+def test_crash_at_start_exits_1_after_weight_load(venv_python: Path, planner_argv: list[str], tmp_path: Path,
+                                                  gpu_profile: Path) -> None:
+    proc = start(venv_python, planner_argv, tmp_path, gpu_profile, {"SGLANG_STANDIN_CRASH_AT_START": "1"})
+    assert proc.popen.wait() == 1
+    text = proc.text()
+    assert text.index("Load weight end.") < text.index("Scheduler hit an exception: Traceback")
+    assert "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate" in text
+    assert "Received sigquit from a child process. It usually means the child failed." in text
+    assert "fired up" not in text and not any(proc.procs_dir.iterdir())
+
+
+def test_tp1_on_a_48gb_card_dies_of_cuda_oom_while_loading(venv_python: Path, planner_argv: list[str],
+                                                            tmp_path: Path, gpu_profile: Path) -> None:
+    """The A6000 mistake: 27B weights do not fit one 48 GB GPU; the load fails, nothing is served."""
+    argv = set_flag(set_flag(planner_argv, "--tp-size", "1"), "--dp-size", "1")
+    proc = start(venv_python, argv, tmp_path, gpu_profile, {"SGLANG_STANDIN_GPU_MEMORY_MIB": "49140"})
+    assert proc.popen.wait() == 1
+    text = proc.text()
+    assert "Load weight begin. avail mem=" in text and "Load weight end." not in text
+    assert re.search(r"^torch\.OutOfMemoryError: CUDA out of memory\. Tried to allocate \d+\.\d\d GiB\. "
+                     r"GPU 0 has a total capacity of 47\.99 GiB", text, re.M)
+
+
+def test_hang_never_becomes_ready(venv_python: Path, planner_argv: list[str], tmp_path: Path,
+                                  gpu_profile: Path) -> None:
+    proc = start(venv_python, planner_argv, tmp_path, gpu_profile, {"SGLANG_STANDIN_HANG": "1"})
+    try:
+        wait_listening(proc)
+        for _ in range(5):
+            assert http(proc.url("/health"))[0] == 503
+            time.sleep(0.1)
+        assert "fired up" not in proc.text()
+    finally:
+        assert stop(proc) == 0
+
+
+def test_fail_generate_answers_500(venv_python: Path, planner_argv: list[str], tmp_path: Path,
+                                   gpu_profile: Path) -> None:
+    proc = start(venv_python, planner_argv, tmp_path, gpu_profile, {"SGLANG_STANDIN_FAIL_GENERATE": "1"})
+    try:
+        wait_ready(proc)
+        assert http(proc.url("/generate"), {"text": "x", "sampling_params": {"max_new_tokens": 4}})[0] == 500
+        assert http(proc.url("/v1/models"))[0] == 200
+    finally:
+        stop(proc)
+
+
+def test_start_delay_keeps_the_port_closed_while_loading(venv_python: Path, planner_argv: list[str],
+                                                          tmp_path: Path, gpu_profile: Path) -> None:
+    proc = start(venv_python, planner_argv, tmp_path, gpu_profile, {"SGLANG_STANDIN_START_DELAY": "1.5"})
+    try:
+        while "Load weight begin." not in proc.text():
+            assert proc.popen.poll() is None, proc.text()
+            time.sleep(0.05)
+        with pytest.raises(urllib.error.URLError):
+            http(proc.url("/health"))
+        wait_ready(proc)
+        elapsed = float(re.search(r"Load weight end\. elapsed=([\d.]+) s", proc.text()).group(1))
+        assert elapsed >= 1.5
+    finally:
+        assert stop(proc) == 0
+
+
+# ---------------------------------------------------------------------------------------------
+# Agreement with SGLang's real parser (needs the cached parser environment)
+# ---------------------------------------------------------------------------------------------
+
+AGREEMENT_EXTRAS: list[list[str]] = [
+    [],
+    ["--speculative-dflash-draft-window-size", "16"],
+    ["--cuda-graph-max-bs", "8"],
+    ["--cuda-graph-max-bs-decode", "8"],
+    ["--mamba-scheduler-strategy", "auto"],
+    ["--mamba-radix-cache-strategy", "auto"],
+    ["--tp-size", "two"],
+    ["--speculative-algorithm", "DDTREE"],
+    ["--speculative-ddtree-budget", "8"],
+    ["--disable-cuda-graph"],
+    ["--monokernel-backend", "amd"],
+    ["--enable-tf32-matmul"],
+    ["--no-enable-tf32-matmul"],
+    ["--chunked-prefill-size", "8k"],
+    ["--max-total-tokens", "1Mi"],
+    ["--lora-paths", "a=/x", "b=/y"],
+    ["--kv-cache-dtype", "fp8_e4m3"],
+    ["--kv-cache-dtype", "fp9"],
+    ["--speculative-accept-threshold-single", "0.9"],
+    ["--mem-frac", "0.8"],
+]
+
+STANDIN_ARGCHECK = r"""
+import argparse, contextlib, copy, io, json, sys
+from sglang.standin import flags
+parser = flags.build_parser(flags.load_table("0.5.23"))
+quiet = copy.deepcopy(parser)
+for a in quiet._actions:
+    a.default = argparse.SUPPRESS
+out = []
+for argv in json.load(sys.stdin):
+    err = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(err), contextlib.redirect_stdout(err):
+            full = parser.parse_args(argv)
+            given = vars(quiet.parse_args(argv))
+        out.append({"ok": True, "namespace": {d: getattr(full, d) for d in sorted(given)}})
+    except SystemExit:
+        text = err.getvalue()
+        out.append({"ok": False, "error": text[text.rfind(": error: ") + 9:].strip()})
+json.dump(out, sys.stdout)
+"""
+
+
+@pytest.mark.sglang_parser
+def test_standin_and_real_parser_agree(venv_python: Path, planner_argv: list[str]) -> None:
+    sys.path.insert(0, str(REPO / "tests"))
+    try:
+        import sglang_real
+    finally:
+        sys.path.pop(0)
+    try:
+        sglang_real.launcher("0.5.23")
+    except sglang_real.ParserEnvMissing as e:
+        pytest.skip(str(e))
+    argvs = [planner_argv + extra for extra in AGREEMENT_EXTRAS]
+    real = sglang_real.check_argvs("0.5.23", argvs)
+    proc = subprocess.run([str(venv_python), "-c", STANDIN_ARGCHECK], input=json.dumps(argvs),
+                          capture_output=True, text=True, check=True)
+    ours = json.loads(proc.stdout)
+    for argv_extra, r, o in zip(AGREEMENT_EXTRAS, real, ours):
+        assert o["ok"] == r["ok"], f"{argv_extra}: real ok={r['ok']} ({r['error']}), stand-in ok={o['ok']}"
+        if r["ok"]:
+            assert json.loads(json.dumps(o["namespace"])) == r["namespace"], argv_extra
+        else:
+            assert o["error"] == r["error"], argv_extra
