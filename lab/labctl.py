@@ -32,7 +32,7 @@ KIT_PROVISION = REPO / "lab" / "kit" / "provision"
 SUITE = "bookworm"
 VARIANT = "minbase"
 INCLUDE = (
-    "systemd", "systemd-sysv", "dbus", "python3", "iproute2", "openssh-server",
+    "systemd", "systemd-sysv", "dbus", "python3", "python3-venv", "iproute2", "openssh-server",
     "sudo", "rsync", "ca-certificates", "procps",
 )
 DEFAULT_MIRROR = "http://deb.debian.org/debian"
