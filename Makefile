@@ -13,7 +13,7 @@ export ANSIBLE_CONFIG := $(abspath ansible.cfg)
 PLAYBOOKS := deploy_dflash.yml $(wildcard playbooks/*.yml)
 PYTEST_ARGS ?=
 
-.PHONY: help setup lock sglang-env sglang-flags lint syntax test test-unit plan lab-wheels lab-up lab-down lab-status demo clean
+.PHONY: help setup lock sglang-env sglang-flags lint syntax test test-unit plan bench-plan lab-wheels lab-up lab-down lab-status demo clean
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-13s %s\n", $$1, $$2}'
@@ -33,11 +33,11 @@ lock: ## re-pin constraints.txt from a fresh resolution of pyproject.toml
 	{ echo '# Exact versions CI and `make setup` install (pip install -c constraints.txt). Regenerate with `make lock`.'; \
 	  .cache/lock-venv/bin/pip freeze --exclude-editable | grep -v '^dflash-infra'; } > constraints.txt
 
-sglang-env: ## cached venv with the real SGLang argument parsers (.cache/sglang-parser)
+sglang-env: setup ## cached venv with the real SGLang argument parsers (.cache/sglang-parser)
 	bash tools/sglang_parser_env.sh
 
 sglang-flags: sglang-env ## re-extract the SGLang flag tables from the real wheels
-	bash tools/sglang_parser_env.sh --extract
+	$(BIN)/python tools/extract_sglang_flags.py
 
 lint: setup ## yamllint, ansible-lint (production profile), syntax-check of every playbook
 	$(BIN)/yamllint -s .
@@ -56,6 +56,9 @@ test: setup sglang-env lint ## everything CI runs: setup, lint, unit, real-parse
 
 plan: setup ## print the plans of the example requests (examples/*.yml)
 	@for req in examples/*.yml; do echo "== $$req"; $(BIN)/dflash-infra plan "$$req" --format table || true; done
+
+bench-plan: setup ## how long planning one host takes (in process, CLI, Ansible play)
+	$(BIN)/python tools/bench_plan.py
 
 lab-wheels: setup ## build the lab's engine stand-in wheel (.cache/lab/wheelhouse)
 	PYTHON=$(abspath $(BIN)/python) lab/engine/build_wheel.sh
