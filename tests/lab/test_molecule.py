@@ -25,6 +25,7 @@ SCENARIOS = sorted(p.parent.name for p in (ROOT / "molecule").glob("*/molecule.y
 def test_molecule_scenario(lab: LabHandle, scenario: str) -> None:
     env = dict(os.environ, PATH=f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}", ANSIBLE_NOCOLOR="1",
                PY_COLORS="0", ANSIBLE_FORCE_COLOR="0")
+    env.pop("ANSIBLE_CONFIG", None)  # molecule writes its own ansible.cfg for the scenario
     proc = run([str(BIN / "molecule"), "test", "-s", scenario], env=env, stdin=subprocess.DEVNULL)
     tail = (proc.stdout + proc.stderr)[-6000:]
     assert proc.returncode == 0, f"molecule test -s {scenario} failed:\n{tail}"

@@ -1,0 +1,104 @@
+"""Ansible filters over dflash_infra.driver (NVIDIA user space vs kernel module); thin adapters, no logic."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+try:
+    from dflash_infra import driver, parsers
+except ImportError:  # running from a checkout whose package is not installed in this Python
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from dflash_infra import driver, parsers
+
+from ansible.errors import AnsibleFilterError
+
+
+def _deny(extra: Sequence[str] | None) -> tuple[str, ...]:
+    """The library's deny list plus inventory additions; inventory can extend it, never shorten it."""
+    return driver.DENY_PATTERNS + tuple(extra or ())
+
+
+def _wrap(func):
+    """Turn the library's ParseError/ValueError into an AnsibleFilterError with the same sentence."""
+    def inner(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return func(*args, **kwargs)
+        except (parsers.ParseError, ValueError) as exc:
+            raise AnsibleFilterError(str(exc)) from exc
+    inner.__name__ = func.__name__
+    inner.__doc__ = func.__doc__
+    return inner
+
+
+def dflash_driver_probe(text: str, source: str = "user-space probe") -> dict[str, Any]:
+    """userspace_probe.sh output -> {arch, packages, libraries}."""
+    return driver.parse_userspace_probe(text, source).to_dict()
+
+
+def dflash_driver_smi(result: Mapping[str, Any]) -> dict[str, Any]:
+    """A registered nvidia-smi command result -> {status: ok|mismatch|error|absent, library_version, message}."""
+    return driver.smi_status(result.get("rc"), result.get("stdout", ""), result.get("stderr", ""),
+                             str(result.get("msg", "")))
+
+
+def dflash_driver_state(probe: Mapping[str, Any], kernel_module: Mapping[str, Any] | None,
+                        smi: Mapping[str, Any], deny: Sequence[str] | None = None) -> dict[str, Any]:
+    """Kernel module vs user space: {status, reason, versions...}; `deny` adds to the library's deny list."""
+    return driver.driver_state(kernel_module, driver.UserspaceProbe.from_dict(probe), smi, _deny(deny))
+
+
+def dflash_driver_plan(request: Mapping[str, Any]) -> dict[str, Any]:
+    """The alignment plan for one host (see dflash_infra.driver.plan_alignment)."""
+    deny = _deny(request.get("deny"))
+    madison = request.get("apt_candidates")
+    plan = driver.plan_alignment(
+        request.get("kernel_module"),
+        driver.UserspaceProbe.from_dict(request["probe"]),
+        request.get("smi") or {},
+        deb_paths=list(request.get("debs") or []),
+        apt_candidates=driver.parse_madison(madison) if madison else [],
+        deny=deny,
+        deb_dirs=list(request.get("deb_dirs") or ["/var/cache/apt/archives"]),
+        missing_hint=request.get("missing_hint") or driver.DEFAULT_MISSING_HINT,
+        apt_searched=bool(request.get("apt_searched")),
+    )
+    return plan.to_dict()
+
+
+def dflash_driver_check_transaction(simulation: str, plan: Mapping[str, Any],
+                                    deny: Sequence[str] | None = None) -> dict[str, Any]:
+    """apt-get -s output checked against the plan: {ok, errors, extra, actions}."""
+    return driver.check_transaction(simulation, plan, _deny(deny))
+
+
+def dflash_driver_pin(packages: Sequence[str], version: str) -> str:
+    """apt preferences stanza pinning the set to the kernel module's upstream version (priority 1001)."""
+    return driver.pin_preferences(list(packages), version)
+
+
+def dflash_driver_audit(text: str) -> list[str]:
+    """Packages `dpkg --audit` reports as half-installed or unconfigured."""
+    return driver.dpkg_audit_packages(text)
+
+
+def dflash_driver_denied(packages: Sequence[str], deny: Sequence[str] | None = None) -> list[str]:
+    """The names among `packages` that the deny list matches."""
+    return [p for p in packages if driver.is_denied(p, _deny(deny))]
+
+
+class FilterModule:
+    """dflash_driver_* filters."""
+
+    def filters(self) -> dict[str, Any]:
+        return {name: _wrap(func) for name, func in {
+            "dflash_driver_probe": dflash_driver_probe,
+            "dflash_driver_smi": dflash_driver_smi,
+            "dflash_driver_state": dflash_driver_state,
+            "dflash_driver_plan": dflash_driver_plan,
+            "dflash_driver_check_transaction": dflash_driver_check_transaction,
+            "dflash_driver_pin": dflash_driver_pin,
+            "dflash_driver_audit": dflash_driver_audit,
+            "dflash_driver_denied": dflash_driver_denied,
+        }.items()}
