@@ -13,7 +13,7 @@ export ANSIBLE_CONFIG := $(abspath ansible.cfg)
 PLAYBOOKS := deploy_dflash.yml $(wildcard playbooks/*.yml)
 PYTEST_ARGS ?=
 
-.PHONY: help setup lock sglang-env sglang-flags lint syntax test test-unit plan bench-plan lab-wheels lab-up lab-down lab-status demo clean
+.PHONY: help setup lock sglang-env sglang-flags lint syntax test test-unit plan bench-plan device-check lab-wheels lab-up lab-down lab-status demo clean
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-13s %s\n", $$1, $$2}'
@@ -25,7 +25,7 @@ $(STAMP): $(SETUP_INPUTS)
 	@touch $@
 
 setup: $(STAMP) ## project venv (.venv) with ansible, molecule, linters and the dflash-infra CLI
-	@echo "setup: $(VENV) is ready ($$($(BIN)/ansible --version | head -1))"
+	@echo "setup: $(VENV) is ready (ansible-core $$($(BIN)/python -c "import ansible.release as r; print(r.__version__)"))"
 
 lock: ## re-pin constraints.txt from a fresh resolution of pyproject.toml
 	rm -rf .cache/lock-venv && $(PYTHON) -m venv .cache/lock-venv
@@ -59,6 +59,9 @@ plan: setup ## print the plans of the example requests (examples/*.yml)
 
 bench-plan: setup ## how long planning one host takes (in process, CLI, Ansible play)
 	$(BIN)/python tools/bench_plan.py
+
+device-check: ## on a GPU host: raw captures, read-only probe/preflight/plan, memory overheads (tests/device/run.sh)
+	tests/device/run.sh $(OUT_DIR)
 
 lab-wheels: setup ## build the lab's engine stand-in wheel (.cache/lab/wheelhouse)
 	PYTHON=$(abspath $(BIN)/python) lab/engine/build_wheel.sh

@@ -80,7 +80,9 @@ def draft_worker_reserved_mib(cuda_graph_max_bs: int) -> float:
     """The planner's allowance for the draft worker's own CUDA graphs and activations (MiB).
 
     Mirrors the engine's constant + per-batch graph terms for a second model in the same process;
-    the deploy compares it with the engine's measured memory lines and warns on drift.
+    the deploy compares it with the engine's measured memory lines and warns on drift. Measured on an
+    H200 (tests/fixtures/nvidia/h200-device-run/overhead.json): CUDA context + cuBLAS take 783 MiB per
+    process, more than the engine's 512 MiB constant; this allowance's own 512 MiB covers the difference.
     """
     return 512.0 + cuda_graph_max_bs * 2
 
