@@ -1,0 +1,198 @@
+"""Deploy-time checks and records of the serving engine: what the INSTALLED engine accepts, whether the
+driver can run its CUDA build, where the readiness gates knock, and the deployment record.
+
+The sglang_engine and sglang_service roles call these through filter_plugins/serving.py; templates and
+tasks only render what comes back.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Iterable, Mapping
+
+from dflash_infra import engine, enginelog
+
+# Oldest kernel module major that runs a CUDA major's user-space runtime (NVIDIA's CUDA release notes,
+# "minimum required driver version"; FACTS.md: CUDA 13 wheels need >= 580).
+MIN_DRIVER_FOR_CUDA: dict[int, int] = {11: 450, 12: 525, 13: 580}
+
+# An option's invocation line in argparse's help: two spaces, then the option strings ("-h, --help",
+# "--tp-size TP_SIZE, --tensor-parallel-size TP_SIZE"), then (after two spaces) maybe the description.
+_HELP_OPTION_LINE = re.compile(r"^ {2}(-[^ ].*)$")
+_LONG_FLAG = re.compile(r"(?<![\w-])(--[A-Za-z0-9][\w-]*)")
+
+
+class ServingError(ValueError):
+    """Input the serving checks cannot interpret; the message says what was expected and found."""
+
+
+def flags_from_help(text: str) -> list[str]:
+    """Every long option an argparse --help lists in its option sections (suppressed ones are absent).
+
+    Only invocation lines count (indented two spaces, before the description column), so a flag that a
+    description merely mentions is never taken for an accepted one.
+    """
+    flags: list[str] = []
+    seen: set[str] = set()
+    in_usage = True
+    for line in text.splitlines():
+        if in_usage:
+            if line and not line.startswith(" ") and not line.startswith("usage:"):
+                in_usage = False
+            else:
+                continue
+        match = _HELP_OPTION_LINE.match(line)
+        if not match:
+            continue
+        invocation = re.split(r" {2,}", match.group(1), maxsplit=1)[0]
+        for flag in _LONG_FLAG.findall(invocation):
+            if flag not in seen:
+                seen.add(flag)
+                flags.append(flag)
+    if "--help" not in seen:
+        raise ServingError("engine --help: expected argparse help listing --help and the engine's options, "
+                           f"found {len(flags)} options and no --help; run the engine with --help by hand")
+    return flags
+
+
+def argv_flags(argv: Iterable[str]) -> list[str]:
+    """The long options of an argv (the planner's), without their values; `--flag=value` counts as --flag."""
+    return [a.split("=", 1)[0] for a in argv if str(a).startswith("--")]
+
+
+def missing_flags(argv: Iterable[str], accepted: Iterable[str]) -> list[str]:
+    """Flags of argv the installed engine does not accept (argparse prefix matching is not relied on)."""
+    table = engine.FlagTable.from_options("installed", accepted)
+    return [f for f in argv_flags(argv) if not table.accepts(f)]
+
+
+def capability_problems(argv: Iterable[str], accepted: Iterable[str], name: str, version: str) -> list[str]:
+    """One sentence per planner flag the installed engine rejects, naming the flag and the installed version."""
+    return [f"the plan's argv uses {flag}, which the installed {name} {version} does not accept (not in its "
+            f"--help); install an engine that has it or re-plan for {version} (dflash_engine.version)"
+            for flag in missing_flags(argv, accepted)]
+
+
+def _major(version: str, what: str) -> int:
+    match = re.match(r"\s*(\d+)", str(version or ""))
+    if not match:
+        raise ServingError(f"{what}: expected a version such as 580.126.09 or 13.0, found {version!r}")
+    return int(match.group(1))
+
+
+def driver_problems(kernel_module: str | None, cuda_version: str | None) -> list[str]:
+    """Why this kernel module cannot run the engine's CUDA build (empty when it can)."""
+    if not cuda_version:
+        return []
+    if not kernel_module:
+        return [f"no NVIDIA kernel module version was found on the host; the engine's CUDA {cuda_version} build "
+                f"needs one >= {MIN_DRIVER_FOR_CUDA.get(_major(cuda_version, 'CUDA version'), '?')}"]
+    cuda = _major(cuda_version, "CUDA version")
+    driver = _major(kernel_module, "kernel module version")
+    need = MIN_DRIVER_FOR_CUDA.get(cuda)
+    if need is None:
+        return [f"CUDA {cuda_version}: no known minimum driver (known: "
+                f"{', '.join(f'CUDA {c} >= {d}' for c, d in sorted(MIN_DRIVER_FOR_CUDA.items()))}); add it to "
+                "MIN_DRIVER_FOR_CUDA in dflash_infra/serving.py"]
+    if driver < need:
+        return [f"the engine's CUDA {cuda_version} build needs an NVIDIA kernel module >= {need}, the host runs "
+                f"{kernel_module}; upgrade the Proxmox node's driver or pin an engine built for an older CUDA"]
+    return []
+
+
+def probe_host(listen: str) -> str:
+    """Where the gates on the host itself reach the engine: its own address, or loopback for a wildcard."""
+    listen = str(listen or "").strip()
+    if listen in ("", "0.0.0.0", "::", "[::]", "*"):
+        return "127.0.0.1"
+    return f"[{listen}]" if ":" in listen and not listen.startswith("[") else listen
+
+
+def unit_argv(python: str, launcher: str, module: str, argv: Iterable[str]) -> list[list[str]]:
+    """ExecStart as lines of words: interpreter + launcher + module, then one flag (with its values) per line."""
+    head = [python, launcher, module]
+    lines: list[list[str]] = [head]
+    for word in argv:
+        word = str(word)
+        if word.startswith("--") or not lines[1:]:
+            lines.append([word])
+        else:
+            lines[-1].append(word)
+    return lines
+
+
+_SYSTEMD_SPECIAL = re.compile(r"""[\s"'\\$%;]""")
+
+
+def systemd_quote(word: str) -> str:
+    """One ExecStart word, quoted for systemd: specifiers (%) and variables ($) are escaped, never expanded."""
+    word = str(word)
+    escaped = word.replace("%", "%%").replace("$", "$$")
+    if word and not _SYSTEMD_SPECIAL.search(word):
+        return escaped
+    escaped = escaped.replace("\\", "\\\\").replace('"', '\\"')
+    return f'"{escaped}"'
+
+
+def exec_start_lines(python: str, launcher: str, module: str, argv: Iterable[str]) -> list[str]:
+    """The ExecStart value, one quoted line per flag (the template joins them with ` \\` continuations)."""
+    return [" ".join(systemd_quote(w) for w in words) for words in unit_argv(python, launcher, module, argv)]
+
+
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def systemd_environment(env: Mapping[str, Any]) -> list[str]:
+    """Environment= words ("NAME=value", quoted for systemd) in a stable order; bad names are refused."""
+    words = []
+    for name in sorted(env):
+        if not _ENV_NAME.match(str(name)):
+            raise ServingError(f"environment: expected a variable name such as NCCL_DEBUG, found {name!r}")
+        value = "" if env[name] is None else str(env[name])
+        if "\n" in value:
+            raise ServingError(f"environment {name}: expected a one-line value, found a newline")
+        escaped = value.replace("\\", "\\\\").replace('"', '\\"').replace("%", "%%").replace("$", "$$")
+        words.append(f'"{name}={escaped}"')
+    return words
+
+
+def record(*, plan: Mapping[str, Any], engine_info: Mapping[str, Any], models: Mapping[str, Any],
+           driver: Mapping[str, Any], unit: Mapping[str, Any], deployed_at: str, journal: str,
+           previous: Mapping[str, Any] | None, gates: Mapping[str, Any] | None = None,
+           tolerance: float = enginelog.DEFAULT_TOLERANCE) -> dict[str, Any]:
+    """The deployment record (ARCHITECTURE.md contract) with the engine's measured memory next to the plan.
+
+    `previous` keeps the record this one replaces, without its own `previous`, so the file stays bounded.
+    """
+    previous_record = {k: v for k, v in (previous or {}).items() if k != "previous"} or None
+    return {
+        "schema": 1,
+        "engine": {"name": engine_info.get("name"), "version": engine_info.get("version"),
+                   "venv": engine_info.get("venv")},
+        "plan": dict(plan),
+        "args": list(plan.get("args") or []),
+        "models": {role: {"path": (m or {}).get("path"), "manifest_sha256": (m or {}).get("manifest_sha256")}
+                   for role, m in models.items()},
+        "driver": {"kernel_module": driver.get("kernel_module"), "user_space": driver.get("user_space")},
+        "service": unit.get("name"),
+        "unit_sha256": unit.get("sha256"),
+        "unit_backup": unit.get("backup"),
+        "gpu_ids": list(plan.get("gpu_ids") or []),
+        "engine_memory": enginelog.measure(journal, plan, tolerance),
+        "gates": dict(gates or {}),
+        "deployed_at": deployed_at,
+        "previous": previous_record,
+    }
+
+
+def comparison_line(row: Mapping[str, Any]) -> str:
+    """One planned-vs-measured row for people: 'kv_cache_tokens: planned 626530, engine 601234 (-4.0%)'."""
+    diff = row.get("difference")
+    pct = f"{diff:+.1%}" if diff is not None else "n/a"
+    flag = "" if row.get("within_tolerance") else "  <-- outside tolerance"
+    return f"{row['figure']}: planned {row['planned']:g}, engine {row['measured']:g} ({pct}){flag}"
+
+
+__all__ = ["comparison_line", "MIN_DRIVER_FOR_CUDA", "ServingError", "argv_flags", "capability_problems", "driver_problems",
+           "exec_start_lines", "flags_from_help", "missing_flags", "probe_host", "record", "systemd_environment",
+           "systemd_quote", "unit_argv"]

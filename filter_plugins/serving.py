@@ -1,0 +1,51 @@
+"""Ansible filters of the sglang_engine and sglang_service roles; thin adapters over dflash_infra.serving
+and dflash_infra.enginelog, no logic of their own."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+try:
+    from dflash_infra import enginelog, serving
+except ImportError:  # running from a checkout whose package is not installed in this Python
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from dflash_infra import enginelog, serving
+
+from ansible.errors import AnsibleFilterError
+
+
+def _wrap(func):
+    """Turn the library's ServingError into an AnsibleFilterError with the same sentence."""
+    def inner(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return func(*args, **kwargs)
+        except serving.ServingError as exc:
+            raise AnsibleFilterError(str(exc)) from exc
+    inner.__name__ = func.__name__
+    inner.__doc__ = func.__doc__
+    return inner
+
+
+def dflash_serving_record(plan: dict[str, Any], **kwargs: Any) -> dict[str, Any]:
+    """The deployment record for a plan (keyword arguments as serving.record takes them)."""
+    return serving.record(plan=plan, **kwargs)
+
+
+class FilterModule:
+    """dflash_serving_* filters."""
+
+    def filters(self) -> dict[str, Any]:
+        return {name: _wrap(func) for name, func in {
+            "dflash_serving_flags_from_help": serving.flags_from_help,
+            "dflash_serving_argv_flags": serving.argv_flags,
+            "dflash_serving_capability_problems": serving.capability_problems,
+            "dflash_serving_driver_problems": serving.driver_problems,
+            "dflash_serving_probe_host": serving.probe_host,
+            "dflash_serving_exec_start": serving.exec_start_lines,
+            "dflash_serving_environment": serving.systemd_environment,
+            "dflash_serving_record": dflash_serving_record,
+            "dflash_serving_engine_memory": enginelog.measure,
+            "dflash_serving_comparison_line": serving.comparison_line,
+        }.items()}
