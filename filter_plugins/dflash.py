@@ -7,10 +7,10 @@ from pathlib import Path
 from typing import Any
 
 try:
-    from dflash_infra import catalogue, parsers, planner
+    from dflash_infra import catalogue, parsers, planner, preflight
 except ImportError:  # running from a checkout whose package is not installed in this Python
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from dflash_infra import catalogue, parsers, planner
+    from dflash_infra import catalogue, parsers, planner, preflight
 
 from ansible.errors import AnsibleFilterError
 
@@ -35,6 +35,12 @@ def dflash_plan(request: dict[str, Any]) -> dict[str, Any]:
 def dflash_expected_gpus(hardware: dict[str, Any]) -> list[dict[str, Any]]:
     """The GPU list a group's dflash_expected_hardware declares (for offline plans)."""
     return catalogue.expected_gpus(hardware)
+
+
+def dflash_hardware_problems(gpus: list[dict[str, Any]], host: str, group: str,
+                             hardware: dict[str, Any]) -> list[str]:
+    """Why the probed GPUs are not the group's expected hardware (empty when they are)."""
+    return preflight.hardware_problems(host, group, hardware, gpus)
 
 
 def dflash_plan_table(plan: dict[str, Any]) -> str:
@@ -75,6 +81,7 @@ class FilterModule:
             "dflash_plan": dflash_plan,
             "dflash_plan_table": dflash_plan_table,
             "dflash_expected_gpus": dflash_expected_gpus,
+            "dflash_hardware_problems": dflash_hardware_problems,
             "dflash_parse_gpus": dflash_parse_gpus,
             "dflash_parse_apps": dflash_parse_apps,
             "dflash_parse_driver": dflash_parse_driver,
