@@ -8,23 +8,11 @@ from typing import Any
 
 try:
     from dflash_infra import catalogue, parsers, planner, preflight
+    from dflash_infra.ansible_filters import as_filters
 except ImportError:  # running from a checkout whose package is not installed in this Python
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from dflash_infra import catalogue, parsers, planner, preflight
-
-from ansible.errors import AnsibleFilterError
-
-
-def _wrap(func):
-    """Turn the library's ParseError into an AnsibleFilterError with the same sentence."""
-    def inner(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return func(*args, **kwargs)
-        except parsers.ParseError as exc:
-            raise AnsibleFilterError(str(exc)) from exc
-    inner.__name__ = func.__name__
-    inner.__doc__ = func.__doc__
-    return inner
+    from dflash_infra.ansible_filters import as_filters
 
 
 def dflash_plan(request: dict[str, Any]) -> dict[str, Any]:
@@ -77,7 +65,7 @@ class FilterModule:
     """dflash_* filters."""
 
     def filters(self) -> dict[str, Any]:
-        return {name: _wrap(func) for name, func in {
+        return as_filters({
             "dflash_plan": dflash_plan,
             "dflash_plan_table": dflash_plan_table,
             "dflash_expected_gpus": dflash_expected_gpus,
@@ -87,4 +75,4 @@ class FilterModule:
             "dflash_parse_driver": dflash_parse_driver,
             "dflash_parse_nvml": dflash_parse_nvml,
             "dflash_upstream_version": dflash_upstream_version,
-        }.items()}
+        })

@@ -7,29 +7,17 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 try:
-    from dflash_infra import driver, parsers
+    from dflash_infra import driver
+    from dflash_infra.ansible_filters import as_filters
 except ImportError:  # running from a checkout whose package is not installed in this Python
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from dflash_infra import driver, parsers
-
-from ansible.errors import AnsibleFilterError
+    from dflash_infra import driver
+    from dflash_infra.ansible_filters import as_filters
 
 
 def _deny(extra: Sequence[str] | None) -> tuple[str, ...]:
     """The library's deny list plus inventory additions; inventory can extend it, never shorten it."""
     return driver.DENY_PATTERNS + tuple(extra or ())
-
-
-def _wrap(func):
-    """Turn the library's ParseError/ValueError into an AnsibleFilterError with the same sentence."""
-    def inner(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return func(*args, **kwargs)
-        except (parsers.ParseError, ValueError) as exc:
-            raise AnsibleFilterError(str(exc)) from exc
-    inner.__name__ = func.__name__
-    inner.__doc__ = func.__doc__
-    return inner
 
 
 def dflash_driver_probe(text: str, source: str = "user-space probe") -> dict[str, Any]:
@@ -92,7 +80,7 @@ class FilterModule:
     """dflash_driver_* filters."""
 
     def filters(self) -> dict[str, Any]:
-        return {name: _wrap(func) for name, func in {
+        return as_filters({
             "dflash_driver_probe": dflash_driver_probe,
             "dflash_driver_smi": dflash_driver_smi,
             "dflash_driver_state": dflash_driver_state,
@@ -101,4 +89,4 @@ class FilterModule:
             "dflash_driver_pin": dflash_driver_pin,
             "dflash_driver_audit": dflash_driver_audit,
             "dflash_driver_denied": dflash_driver_denied,
-        }.items()}
+        })

@@ -9,23 +9,11 @@ from typing import Any
 
 try:
     from dflash_infra import enginelog, serving
+    from dflash_infra.ansible_filters import as_filters
 except ImportError:  # running from a checkout whose package is not installed in this Python
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from dflash_infra import enginelog, serving
-
-from ansible.errors import AnsibleFilterError
-
-
-def _wrap(func):
-    """Turn the library's ServingError into an AnsibleFilterError with the same sentence."""
-    def inner(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return func(*args, **kwargs)
-        except serving.ServingError as exc:
-            raise AnsibleFilterError(str(exc)) from exc
-    inner.__name__ = func.__name__
-    inner.__doc__ = func.__doc__
-    return inner
+    from dflash_infra.ansible_filters import as_filters
 
 
 def dflash_serving_record(plan: dict[str, Any], **kwargs: Any) -> dict[str, Any]:
@@ -37,7 +25,7 @@ class FilterModule:
     """dflash_serving_* filters."""
 
     def filters(self) -> dict[str, Any]:
-        return {name: _wrap(func) for name, func in {
+        return as_filters({
             "dflash_serving_flags_from_help": serving.flags_from_help,
             "dflash_serving_argv_flags": serving.argv_flags,
             "dflash_serving_capability_problems": serving.capability_problems,
@@ -48,4 +36,4 @@ class FilterModule:
             "dflash_serving_record": dflash_serving_record,
             "dflash_serving_engine_memory": enginelog.measure,
             "dflash_serving_comparison_line": serving.comparison_line,
-        }.items()}
+        })
