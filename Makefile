@@ -13,7 +13,7 @@ export ANSIBLE_CONFIG := $(abspath ansible.cfg)
 PLAYBOOKS := deploy_dflash.yml $(wildcard playbooks/*.yml)
 PYTEST_ARGS ?=
 
-.PHONY: help setup lock sglang-env sglang-flags lint syntax test test-unit plan bench-plan device-check lab-wheels lab-up lab-down lab-status demo clean
+.PHONY: help setup lock sglang-env sglang-flags lint syntax test test-unit plan bench-plan bench-sync device-check lab-wheels lab-up lab-down lab-status demo clean
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-13s %s\n", $$1, $$2}'
@@ -62,6 +62,9 @@ bench-plan: setup ## how long planning one host takes (in process, CLI, Ansible 
 
 device-check: ## on a GPU host: raw captures, read-only probe/preflight/plan, memory overheads (tests/device/run.sh)
 	tests/device/run.sh $(OUT_DIR)
+
+bench-sync: setup ## model sync vs raw rsync, no-op re-sync, resume after a kill (lab; GB-sized fixtures)
+	$(BIN)/python tools/bench_sync.py
 
 lab-wheels: setup ## build the lab's engine stand-in wheel (.cache/lab/wheelhouse)
 	PYTHON=$(abspath $(BIN)/python) lab/engine/build_wheel.sh

@@ -8,23 +8,11 @@ from typing import Any
 
 try:
     from dflash_infra import manifest, model_checks, training
+    from dflash_infra.ansible_filters import as_filters
 except ImportError:  # running from a checkout whose package is not installed in this Python
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from dflash_infra import manifest, model_checks, training
-
-from ansible.errors import AnsibleFilterError
-
-
-def _wrap(func):
-    """Turn the library's SyncError into an AnsibleFilterError with the same sentence."""
-    def inner(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return func(*args, **kwargs)
-        except manifest.SyncError as exc:
-            raise AnsibleFilterError(str(exc)) from exc
-    inner.__name__ = func.__name__
-    inner.__doc__ = func.__doc__
-    return inner
+    from dflash_infra.ansible_filters import as_filters
 
 
 def dflash_published_problems(manifest_data: dict[str, Any], name: str) -> list[str]:
@@ -83,7 +71,7 @@ class FilterModule:
     """Filters of the model_sync and training_stop roles."""
 
     def filters(self) -> dict[str, Any]:
-        return {name: _wrap(func) for name, func in {
+        return as_filters({
             "dflash_published_problems": dflash_published_problems,
             "dflash_sync_summary": dflash_sync_summary,
             "dflash_synced_models": dflash_synced_models,
@@ -94,4 +82,4 @@ class FilterModule:
             "dflash_training_record": dflash_training_record,
             "dflash_pid_start": dflash_pid_start,
             "dflash_training_line": dflash_training_line,
-        }.items()}
+        })

@@ -1,0 +1,282 @@
+#!/usr/bin/env python3
+"""Benchmark of the model sync on the lab (not a test): full sync vs a raw `rsync -a` of the same bytes between
+the same containers, the no-op re-sync, and the bytes re-sent when resuming after a kill at about 50%.
+
+    make bench-sync                       # or: .venv/bin/python tools/bench_sync.py [--target-gib 4] [--draft-gib 0.5]
+
+Fixtures of a few GB are written with lab/kit/make_models.py into .cache/bench-models, hard-linked into
+ct129's /root/bench-models (through its rootfs), synced to ct200's /root/bench-dest with playbooks/sync_models.yml, and deleted afterwards
+(--keep keeps them). The lab must be up (`make lab-up`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import shlex
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "lab" / "kit"))
+import make_models  # noqa: E402
+
+SRC_ROOT = "/root/bench-models"
+DEST_ROOT = "/root/bench-dest"
+RAW_ROOT = "/root/bench-raw"
+NAMES = (make_models.TARGET, make_models.DRAFT)
+GIB = 1 << 30
+
+
+def load_labctl() -> Any:
+    spec = importlib.util.spec_from_file_location("labctl", REPO / "lab" / "labctl.py")
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["labctl"] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+labctl = load_labctl()
+PATHS = labctl.Paths(labctl.Settings.from_env().state)
+CONTAINERS = {c.name: c for c in labctl.CONTAINERS}
+
+
+def rootfs(host: str) -> Path:
+    return PATHS.state / "machines" / host
+
+
+def ssh(host: str, command: str, check: bool = True) -> str:
+    """Run a bash command in a lab container over SSH with the lab key; returns stdout."""
+    argv = labctl.ssh_argv(PATHS, CONTAINERS[host], "bash", "-c", shlex.quote(command))
+    proc = subprocess.run(argv, text=True, capture_output=True, stdin=subprocess.DEVNULL)
+    if check and proc.returncode != 0:
+        raise SystemExit(f"bench: `{command}` on {host} exited {proc.returncode}: {proc.stderr.strip()}")
+    return proc.stdout
+
+
+def drop_caches() -> None:
+    """Start each timed run from disk, not from the page cache of the previous one (shared host kernel)."""
+    try:
+        os.sync()
+        Path("/proc/sys/vm/drop_caches").write_text("3\n")
+    except OSError:
+        pass
+
+
+def playbook_argv(extra: dict[str, Any]) -> list[str]:
+    evars = {"dflash_model_source_root": SRC_ROOT, "dflash_model_root": DEST_ROOT, **extra}
+    return [str(REPO / ".venv/bin/ansible-playbook"), "-i", str(REPO / "inventory/lab"), "-l", "ct200",
+            "-e", json.dumps(evars), str(REPO / "playbooks/sync_models.yml")]
+
+
+def play_env() -> dict[str, str]:
+    return dict(os.environ, ANSIBLE_CONFIG=str(REPO / "ansible.cfg"), ANSIBLE_STDOUT_CALLBACK="ansible.builtin.json",
+                PATH=f"{REPO / '.venv/bin'}:{os.environ['PATH']}")
+
+
+@dataclass
+class Run:
+    seconds: float
+    tasks: dict[str, list[Any]]  # task name -> results (json callback)
+
+
+def run_playbook(extra: dict[str, Any] | None = None, before: Any = None, attempts: int = 4) -> Run:
+    """One timed run of the sync playbook. A run that finds ct129 unreachable (another engineer's `lab reset
+    ct129` reboots it for ~12 s) is repeated from the same starting state (`before`)."""
+    for attempt in range(attempts):
+        if before is not None:
+            before()
+        place_fixtures()
+        t0 = time.monotonic()
+        proc = subprocess.run(playbook_argv(extra or {}), text=True, capture_output=True, env=play_env(), cwd=REPO)
+        seconds = time.monotonic() - t0
+        try:
+            out = json.loads(proc.stdout)
+        except json.JSONDecodeError:
+            raise SystemExit(f"bench: the sync playbook printed no JSON (rc {proc.returncode}):\n"
+                             f"{proc.stdout[-3000:]}\n{proc.stderr[-2000:]}") from None
+        if proc.returncode != 0 and out["stats"].get("ct200", {}).get("unreachable") and attempt + 1 < attempts:
+            print("bench: ct129 was unreachable (rebooting?); waiting 20 s and running again")
+            time.sleep(20)
+            continue
+        if proc.returncode != 0:
+            raise SystemExit(f"bench: the sync playbook failed (rc {proc.returncode}): {json.dumps(out['stats'])}\n"
+                             f"{proc.stdout[-3000:]}")
+        tasks: dict[str, list[Any]] = {}
+        for play in out["plays"]:
+            for task in play["tasks"]:
+                res = task["hosts"].get("ct200", {})
+                tasks[task["task"]["name"]] = res.get("results", [res])
+        return Run(seconds, tasks)
+    raise SystemExit("bench: ct129 stayed unreachable")
+
+
+def tool_json(run: Run, task: str) -> list[dict[str, Any]]:
+    """The manifest tool's JSON outputs of one role task (the json callback prefixes "model_sync : ")."""
+    results = next((rs for name, rs in run.tasks.items() if name.split(" : ", 1)[-1] == task), [])
+    return [json.loads(r["stdout"]) for r in results if r.get("stdout")]
+
+
+CACHE = REPO / ".cache" / "bench-models"
+
+
+def make_fixtures(target_bytes: int, draft_bytes: int) -> int:
+    """Bench models in .cache/bench-models (generated once per size); returns their bytes."""
+    stamp = CACHE / ".bench-stamp"
+    want = f"{target_bytes}:{draft_bytes}"
+    if not (stamp.is_file() and stamp.read_text() == want):
+        subprocess.run(["rm", "-rf", "--one-file-system", str(CACHE)], check=True)
+        t0 = time.monotonic()
+        make_models.make_target(CACHE, target_bytes)
+        make_models.make_draft(CACHE, draft_bytes)
+        stamp.write_text(want)
+        print(f"fixtures: {CACHE} written in {time.monotonic() - t0:.1f} s")
+    place_fixtures()
+    return sum(p.stat().st_size for n in NAMES for p in (CACHE / n).iterdir() if p.is_file())
+
+
+def place_fixtures() -> None:
+    """Hard-link the fixtures into ct129's /root/bench-models (no extra disk; again after a `reset ct129`)."""
+    out = rootfs("ct129") / SRC_ROOT.lstrip("/")
+    if not all((out / n).is_dir() for n in NAMES):
+        subprocess.run(["rm", "-rf", "--one-file-system", str(out)], check=True)
+        out.mkdir(parents=True)
+        for n in NAMES:
+            subprocess.run(["cp", "-al", str(CACHE / n), str(out / n)], check=True)
+
+
+def clear_dest() -> None:
+    ssh("ct200", f"rm -rf {DEST_ROOT} {RAW_ROOT} /var/lib/dflash-infra/models")
+
+
+def staged_bytes() -> int:
+    base = rootfs("ct200") / DEST_ROOT.lstrip("/") / ".dflash-staging"
+    return sum(p.stat().st_size for p in base.rglob("*") if p.is_file()) if base.is_dir() else 0
+
+
+def raw_rsync(flush: bool = False) -> float:
+    """`rsync -a` of the same directories, on ct200 pulling from ct129 with the same key, cipher and rrsync;
+    with flush, until the copied bytes are on disk (`sync`), as the sync tool's fsync before rename ensures."""
+    e = ("ssh -o BatchMode=yes -o StrictHostKeyChecking=yes -o IdentitiesOnly=yes -i /root/.ssh/dflash_model_sync_ed25519 "
+         "-o UserKnownHostsFile=/root/.ssh/dflash_model_sync_known_hosts -o GlobalKnownHostsFile=/dev/null "
+         "-c aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com")
+    addr = CONTAINERS["ct129"].address
+    cmds = "; ".join(f"rsync -a -e {shlex.quote(e)} root@{addr}:{n}/ {RAW_ROOT}/{n}/" for n in NAMES)
+    out = ssh("ct200", f"rm -rf {RAW_ROOT}; mkdir -p {RAW_ROOT}; TIMEFORMAT=%R; time ( {cmds}{'; sync' if flush else ''} ) 2>&1")
+    return float(out.strip().splitlines()[-1])
+
+
+def fmt(values: list[float]) -> str:
+    return "/".join(f"{v:.1f}" for v in values) + " s"
+
+
+def mb_s(nbytes: float, seconds: float) -> str:
+    return f"{nbytes / seconds / 1e6:.0f} MB/s"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--target-gib", type=float, default=4.0)
+    ap.add_argument("--draft-gib", type=float, default=0.5)
+    ap.add_argument("--repeat", type=int, default=3, help="interleaved raw/sync pairs (medians are printed)")
+    ap.add_argument("--keep", action="store_true", help="keep the fixtures and copies afterwards")
+    args = ap.parse_args(argv)
+    status = subprocess.run([sys.executable, str(REPO / "lab/labctl.py"), "status"], capture_output=True, text=True)
+    if status.returncode != 0:
+        raise SystemExit("bench: the lab is not up; run `make lab-up` first\n" + status.stdout)
+    total = make_fixtures(int(args.target_gib * GIB), int(args.draft_gib * GIB))
+    print(f"fixtures: {total / 1e9:.2f} GB in ct129:{SRC_ROOT} ({', '.join(NAMES)})")
+    try:
+        # Cold: the source manifest is computed (and cached) during this sync.
+        def cold_start() -> None:
+            ssh("ct129", "rm -f " + " ".join(f"/var/cache/dflash-infra/manifests/{n}.json" for n in NAMES), check=False)
+            clear_dest()
+            drop_caches()
+
+        def warm_start() -> None:
+            clear_dest()
+            drop_caches()
+
+        cold = run_playbook(before=cold_start)
+        cold_tool = sum(r["seconds"] for r in tool_json(cold, "Copy, verify and move the models into place"))
+        # Warm: the normal case, the source manifest is cached; the destination is empty again.
+        # Interleaved repeats (raw, sync, raw, sync, ...): the host is shared, so single runs drift.
+        raws, flushed, warms, tools, transfers = [], [], [], [], []
+        for _ in range(args.repeat):
+            drop_caches()
+            raws.append(raw_rsync())
+            drop_caches()
+            flushed.append(raw_rsync(flush=True))
+            warm = run_playbook(before=warm_start)
+            reports = tool_json(warm, "Copy, verify and move the models into place")
+            warms.append(warm.seconds)
+            tools.append(sum(r["seconds"] for r in reports))
+            transfers.append(sum(t["seconds"] for r in reports for t in r["transfers"]))
+        raw, raw_flushed, warm_tool, transfer, warm_s = (statistics.median(x) for x in (raws, flushed, tools, transfers,
+                                                                                         warms))
+        # No-op re-sync.
+        noop = run_playbook()
+        scans = tool_json(noop, "Compute the manifests at the source host (cached by size and mtime)")
+        plans = tool_json(noop, "Compare the destination with the manifests and check the free space")
+        # Resume after a kill at ~50%.
+        clear_dest()
+        drop_caches()
+        bg = subprocess.Popen(playbook_argv({}), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=play_env(),
+                              cwd=REPO)
+        while staged_bytes() < total * 0.5 and bg.poll() is None:
+            time.sleep(0.05)
+        at = staged_bytes()
+        ctl = rootfs("ct200") / DEST_ROOT.lstrip("/") / ".dflash-staging" / f"{make_models.TARGET}.transfer.json"
+        c = json.loads(ctl.read_text())
+        ssh("ct200", f"kill -KILL -- -{c['rsync_pgid']} {c['pid']}", check=False)
+        bg.wait()
+        resumed = run_playbook(attempts=1)
+        rep = {r["name"]: r for r in tool_json(resumed, "Copy, verify and move the models into place")}
+        literal = sum(t["stats"].get("literal_data", 0) for r in rep.values() for t in r["transfers"])
+        received = sum(t["stats"].get("total_bytes_received", 0) for r in rep.values() for t in r["transfers"])
+        partial = sum(t["resumed_bytes"] for r in rep.values() for t in r["transfers"])
+        pulled = sum(t["bytes"] for r in rep.values() for t in r["transfers"])
+        missing = pulled - partial
+        print()
+        print(f"== model sync benchmark, lab ct129 -> ct200, {total / 1e9:.2f} GB "
+              f"({make_models.TARGET} 15 shards + {make_models.DRAFT})")
+        print(f"medians of {args.repeat} interleaved runs; sync tool {fmt(tools)}, playbook {fmt(warms)}")
+        print(f"raw rsync -a (same ssh key, cipher, rrsync):      {raw:7.2f} s  {mb_s(total, raw)}  (runs {fmt(raws)})")
+        print(f"raw rsync -a, then sync (bytes on disk):          {raw_flushed:7.2f} s  {mb_s(total, raw_flushed)}"
+              f"  (runs {fmt(flushed)})")
+        print("full sync, source manifest cached (normal case):")
+        print(f"  sync tool (plan, rsync, sha256 verify, commit): {warm_tool:7.2f} s  ratio {warm_tool / raw:.3f}, "
+              f"{warm_tool / raw_flushed:.3f} against raw + sync"
+              f"  (its rsync alone {transfer:.2f} s; verify+commit after rsync {warm_tool - transfer:.2f} s)")
+        print(f"  whole playbook incl. ansible overhead:          {warm_s:7.2f} s  ratio {warm_s / raw:.3f}, "
+              f"{warm_s / raw_flushed:.3f} against raw + sync")
+        print(f"full sync, cold (source manifest computed too):   {cold.seconds:7.2f} s  ratio {cold.seconds / raw:.3f}"
+              f"  (sync tool {cold_tool:.2f} s)")
+        print(f"no-op re-sync (whole playbook):                   {noop.seconds:7.2f} s  changed="
+              f"{sum(1 for rs in noop.tasks.values() for r in rs if r.get('changed'))}; hashed "
+              f"{sum(s['scan']['hashed_bytes'] for s in scans)} B at the source, {sum(p['hashed_bytes'] for p in plans)} B"
+              f" at the destination; read() bytes {sum(s['io_read_bytes'] for s in scans)} (source scan) + "
+              f"{sum(p['io_read_bytes'] for p in plans)} (destination plan) of {total} model bytes")
+        print(f"resume after SIGKILL at {at / total:.0%} ({at / 1e9:.2f} GB in staging): re-sync "
+              f"{resumed.seconds:.2f} s; still missing {missing / 1e9:.3f} GB (+{partial / 1e9:.3f} GB in a partial "
+              f"file); sent as data {literal / 1e9:.3f} GB, bytes received incl. protocol {received / 1e9:.3f} GB; "
+              f"re-sent beyond what was missing: {(literal - missing) / 1e6:.2f} MB")
+    finally:
+        if not args.keep:
+            clear_dest()
+            for path in (rootfs("ct129") / SRC_ROOT.lstrip("/"), CACHE):
+                subprocess.run(["rm", "-rf", "--one-file-system", str(path)], check=False)
+            ssh("ct129", "rm -f " + " ".join(f"/var/cache/dflash-infra/manifests/{n}.json" for n in NAMES), check=False)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
