@@ -1,0 +1,108 @@
+"""deploy_dflash.yml end to end in the lab, through ansible-runner (a fresh private_data_dir per run).
+
+Order matters and is the operator's: a dry run on a fresh lab, the deploy, the no-op re-run, the dry run on
+the converged lab, then a wrong-hardware refusal.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import urllib.request
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import ansible_runner
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from helpers import BIN, ROOT  # noqa: E402
+
+if TYPE_CHECKING:
+    from tests.lab.conftest import LabHandle
+
+pytestmark = pytest.mark.lab
+
+
+def deploy(tmp_path: Path, *cmdline: str, extravars: dict | None = None) -> ansible_runner.Runner:
+    private = tmp_path / f"runner-{len(list(tmp_path.iterdir()))}"
+    private.mkdir()
+    return ansible_runner.run(
+        private_data_dir=str(private), project_dir=str(ROOT), playbook="deploy_dflash.yml",
+        inventory=str(ROOT / "inventory" / "lab"), limit="pro6000", cmdline=" ".join(cmdline) or None,
+        extravars=extravars or {}, quiet=True, rotate_artifacts=1,
+        envvars={"ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"), "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}",
+                 "ANSIBLE_NOCOLOR": "1"})
+
+
+def changed(runner: ansible_runner.Runner) -> int:
+    return (runner.stats or {}).get("changed", {}).get("ct200", 0)
+
+
+def stdout(runner: ansible_runner.Runner) -> str:
+    return runner.stdout.read()
+
+
+def host_state(lab: LabHandle) -> str:
+    """What a deploy would change on ct200: processes on the GPUs, units, engine, models, records, dpkg."""
+    proc = lab.ssh("ct200", "sh", "-c", "pgrep -af train.py | cut -d' ' -f2-; ls /etc/systemd/system; "
+                   "ls /opt /root/models /var/lib/dflash-infra 2>&1; dpkg-query -W -f='${Package} ${Version} "
+                   "${db:Status-Abbrev}\\n' | sort; apt-mark showhold")
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout
+
+
+@pytest.fixture(scope="module")
+def fresh_lab(lab: LabHandle) -> LabHandle:
+    lab.cli_ok("reset", "ct200", "ct129")
+    return lab
+
+
+def test_check_on_a_fresh_lab_finishes_and_changes_nothing(fresh_lab: LabHandle, tmp_path: Path) -> None:
+    before = host_state(fresh_lab)
+    runner = deploy(tmp_path, "--check", "--diff")
+    out = stdout(runner)
+    assert runner.rc == 0, out[-5000:]
+    assert "would stop 1 process(es)" in out and "check mode: nothing was changed" in out
+    assert host_state(fresh_lab) == before
+
+
+def test_deploy_on_a_fresh_lab_passes_every_gate(fresh_lab: LabHandle, tmp_path: Path) -> None:
+    runner = deploy(tmp_path)
+    out = stdout(runner)
+    assert runner.rc == 0, out[-5000:]
+    assert "serving: http://127.0.200.1:30000/v1 (Qwen3.6-27B)" in out
+    record = json.loads(fresh_lab.ssh("ct200", "cat", "/var/lib/dflash-infra/deployment.json").stdout)
+    assert record["engine"]["version"] == "0.5.23+lab" and record["plan"]["tp_size"] == 2
+    unit = fresh_lab.ssh("ct200", "systemctl", "show", "sglang-qwen", "-p", "ExecStart").stdout
+    for flag in record["args"]:
+        assert flag in unit
+    with urllib.request.urlopen("http://127.0.200.1:30000/v1/models", timeout=10) as response:
+        models = json.load(response)
+    assert [m["id"] for m in models["data"]] == ["Qwen3.6-27B"]
+    assert "train.py" not in fresh_lab.ssh("ct200", "pgrep", "-af", "train.py").stdout
+
+
+def test_second_run_changes_nothing(fresh_lab: LabHandle, tmp_path: Path) -> None:
+    runner = deploy(tmp_path)
+    assert runner.rc == 0, stdout(runner)[-5000:]
+    assert changed(runner) == 0
+
+
+def test_check_on_the_converged_lab_reports_no_change(fresh_lab: LabHandle, tmp_path: Path) -> None:
+    runner = deploy(tmp_path, "--check", "--diff")
+    assert runner.rc == 0, stdout(runner)[-5000:]
+    assert changed(runner) == 0
+
+
+def test_wrong_hardware_is_refused_before_any_change(fresh_lab: LabHandle, tmp_path: Path) -> None:
+    before = host_state(fresh_lab)
+    eval_hardware = {"group": "eval", "gpu_name": "NVIDIA RTX A6000", "gpu_count": 2, "memory_total_mib": 49140,
+                     "compute_cap": "8.6"}
+    runner = deploy(tmp_path, extravars={"dflash_expected_hardware": eval_hardware})
+    out = stdout(runner)
+    assert runner.rc != 0
+    assert ("ct200 has 8x NVIDIA RTX PRO 6000 Blackwell Workstation Edition (97887 MiB); group eval expects "
+            "2x NVIDIA RTX A6000 (49140 MiB), compute capability 8.6. Refusing to deploy.") in out
+    assert host_state(fresh_lab) == before
