@@ -12,7 +12,6 @@ ct129's /root/bench-models (through its rootfs), synced to ct200's /root/bench-d
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import shlex
@@ -35,16 +34,9 @@ NAMES = (make_models.TARGET, make_models.DRAFT)
 GIB = 1 << 30
 
 
-def load_labctl() -> Any:
-    spec = importlib.util.spec_from_file_location("labctl", REPO / "lab" / "labctl.py")
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["labctl"] = mod
-    spec.loader.exec_module(mod)
-    return mod
+sys.path.insert(0, str(REPO / "lab"))
+import labctl  # noqa: E402  (lab/labctl.py: container table, ssh and /proc helpers)
 
-
-labctl = load_labctl()
 PATHS = labctl.Paths(labctl.Settings.from_env().state)
 CONTAINERS = {c.name: c for c in labctl.CONTAINERS}
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -18,17 +17,8 @@ REPO = Path(__file__).resolve().parents[2]
 LABCTL_PATH = REPO / "lab" / "labctl.py"
 
 
-def load_labctl() -> ModuleType:
-    """Import lab/labctl.py so the tests share its container table and /proc helpers."""
-    spec = importlib.util.spec_from_file_location("labctl", LABCTL_PATH)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["labctl"] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-labctl = load_labctl()
+sys.path.insert(0, str(LABCTL_PATH.parent))
+import labctl  # noqa: E402  (lab/labctl.py: container table and /proc helpers)
 
 
 @dataclass
