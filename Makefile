@@ -11,9 +11,9 @@ SETUP_INPUTS := pyproject.toml constraints.txt
 export PATH := $(abspath $(BIN)):$(PATH)
 export ANSIBLE_CONFIG := $(abspath ansible.cfg)
 PLAYBOOKS := deploy_dflash.yml $(wildcard playbooks/*.yml)
-PYTEST_ARGS ?=
+PYTEST_ARGS ?= --durations=15
 
-.PHONY: help setup lock sglang-env sglang-flags lint syntax test test-unit plan bench-plan bench-sync device-check lab-wheels lab-up lab-down lab-status demo clean
+.PHONY: help setup lock sglang-env sglang-flags lint syntax test test-unit plan bench-plan bench-sync bench-deploy device-check lab-wheels lab-up lab-down lab-status demo clean
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-13s %s\n", $$1, $$2}'
@@ -51,7 +51,7 @@ syntax: setup
 test-unit: setup ## fast tests: planner, parsers, filters, playbook wiring (no lab, no SGLang env)
 	$(BIN)/pytest -m "not lab and not sglang_parser" $(PYTEST_ARGS)
 
-test: setup sglang-env lint ## everything CI runs: setup, lint, unit, real-parser and lab tests
+test: setup sglang-env lab-wheels lint ## everything CI runs: setup, lint, unit, real-parser and lab tests
 	$(BIN)/pytest $(PYTEST_ARGS)
 
 plan: setup ## print the plans of the example requests (examples/*.yml)
@@ -59,6 +59,9 @@ plan: setup ## print the plans of the example requests (examples/*.yml)
 
 bench-plan: setup ## how long planning one host takes (in process, CLI, Ansible play)
 	$(BIN)/python tools/bench_plan.py
+
+bench-deploy: lab-up ## deploy on a fresh lab vs no-op re-run vs a bare fact-gathering play, and --check
+	$(BIN)/python tools/bench_deploy.py
 
 device-check: ## on a GPU host: raw captures, read-only probe/preflight/plan, memory overheads (tests/device/run.sh)
 	tests/device/run.sh $(OUT_DIR)

@@ -46,3 +46,47 @@ def hardware_problems(host: str, group: str, hardware: Mapping[str, Any],
     return [f"{host} has {describe(gpus)}; group {group} expects {expected_text(hardware)}"
             + (f", compute capability {want_cc}" if want_cc else "")
             + ". Refusing to deploy. Check -l / inventory."]
+
+
+# NCCL keeps its intra-node buffers in /dev/shm; container runtimes default to 64 MiB, which breaks TP > 1.
+MIN_SHM_BYTES_PER_RANK = 512 * 1024 * 1024
+
+
+def shm_problems(host: str, tp: int, shm_bytes: int | None) -> list[str]:
+    """Whether /dev/shm can hold NCCL's buffers for a TP group of this size."""
+    if tp <= 1:
+        return []
+    need = tp * MIN_SHM_BYTES_PER_RANK
+    if shm_bytes is None:
+        return [f"{host}: tp {tp} needs a /dev/shm for NCCL, found none mounted. Mount a tmpfs of at least "
+                f"{need // 2**20} MiB (LXC: lxc.mount.entry for /dev/shm) and re-run."]
+    if shm_bytes < need:
+        return [f"{host}: tp {tp} needs at least {need // 2**20} MiB of /dev/shm for NCCL, found "
+                f"{shm_bytes // 2**20} MiB. Enlarge the container's /dev/shm and re-run."]
+    return []
+
+
+def port_problems(host: str, port: int, listeners: Sequence[Mapping[str, Any]], own_pids: Sequence[int]) -> list[str]:
+    """The engine port must be free or held by our own unit (an unmanaged duplicate server is refused)."""
+    strangers = [entry for entry in listeners if int(entry.get("pid") or 0) not in set(own_pids)]
+    if not strangers:
+        return []
+    who = ", ".join(f"{e.get('process') or '?'} (pid {e.get('pid') or '?'})" for e in strangers)
+    return [f"{host}: port {port} is held by {who}, which is not the engine service this deploy manages. "
+            "Stop that server (or choose another dflash_service_port) and re-run."]
+
+
+def parse_ss_listeners(text: str) -> list[dict[str, Any]]:
+    """`ss -Hltnp` lines -> [{local, process, pid}] (users:(("python3",pid=123,fd=7)))."""
+    out = []
+    for line in text.splitlines():
+        fields = line.split()
+        if len(fields) < 4:
+            continue
+        users = line[line.find("users:"):] if "users:" in line else ""
+        process = users.split('"')[1] if users.count('"') >= 2 else None
+        pid = None
+        if "pid=" in users:
+            pid = int(users.split("pid=")[1].split(",")[0].rstrip(")"))
+        out.append({"local": fields[3], "process": process, "pid": pid})
+    return out

@@ -31,6 +31,16 @@ def dflash_hardware_problems(gpus: list[dict[str, Any]], host: str, group: str,
     return preflight.hardware_problems(host, group, hardware, gpus)
 
 
+def dflash_shm_problems(tp: int, host: str, shm_bytes: int | None) -> list[str]:
+    """Whether /dev/shm holds NCCL's buffers for a TP group of this size."""
+    return preflight.shm_problems(host, int(tp), None if shm_bytes in (None, "") else int(shm_bytes))
+
+
+def dflash_port_problems(ss_output: str, host: str, port: int, own_pids: list[int]) -> list[str]:
+    """The engine port is free or held by the engine service's own processes."""
+    return preflight.port_problems(host, int(port), preflight.parse_ss_listeners(ss_output), own_pids)
+
+
 def dflash_plan_table(plan: dict[str, Any]) -> str:
     """The people's table of a plan."""
     return planner.plan_table(plan)
@@ -70,6 +80,8 @@ class FilterModule:
             "dflash_plan_table": dflash_plan_table,
             "dflash_expected_gpus": dflash_expected_gpus,
             "dflash_hardware_problems": dflash_hardware_problems,
+            "dflash_shm_problems": dflash_shm_problems,
+            "dflash_port_problems": dflash_port_problems,
             "dflash_parse_gpus": dflash_parse_gpus,
             "dflash_parse_apps": dflash_parse_apps,
             "dflash_parse_driver": dflash_parse_driver,

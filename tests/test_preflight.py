@@ -34,3 +34,22 @@ def test_ecc_memory_change_is_noticed() -> None:
 
 def test_no_gpu_visible() -> None:
     assert "no GPU visible" in hardware_problems("ct200", "pro6000", PRO6000, [])[0]
+
+
+def test_shm_for_tp_groups() -> None:
+    from dflash_infra.preflight import shm_problems
+    assert shm_problems("ct200", 1, 64 * 2**20) == []
+    assert shm_problems("ct200", 2, 2 * 2**30) == []
+    assert "found 64 MiB" in shm_problems("ct200", 2, 64 * 2**20)[0]
+    assert "found none mounted" in shm_problems("ct200", 2, None)[0]
+
+
+def test_port_free_or_ours() -> None:
+    from dflash_infra.preflight import parse_ss_listeners, port_problems
+    ss = ('LISTEN 0      2048     127.0.200.1:30000      0.0.0.0:*    users:(("python",pid=812,fd=9))\n')
+    listeners = parse_ss_listeners(ss)
+    assert listeners == [{"local": "127.0.200.1:30000", "process": "python", "pid": 812}]
+    assert port_problems("ct200", 30000, listeners, own_pids=[812]) == []
+    assert port_problems("ct200", 30000, [], own_pids=[]) == []
+    message = port_problems("ct200", 30000, listeners, own_pids=[])[0]
+    assert "held by python (pid 812)" in message and "not the engine service" in message

@@ -20,24 +20,26 @@ if TYPE_CHECKING:
 pytestmark = pytest.mark.lab
 
 
-def deploy(*args: str):
-    return run([tool("ansible-playbook"), "deploy_dflash.yml", "-i", "inventory/lab", "-l", "pro6000", *args],
-               env=ansible_environment())
+def plan_stage(*args: str):
+    """The deploy's read-only stage (probe, preflight, plan) and its summary, as `make demo` starts."""
+    return run([tool("ansible-playbook"), "deploy_dflash.yml", "-i", "inventory/lab", "-l", "pro6000",
+                "--tags", "plan", *args], env=ansible_environment())
 
 
-def test_demo_probes_ct200_and_prints_the_plan_and_summary(lab: LabHandle) -> None:
-    proc = deploy()
+def test_plan_stage_probes_ct200_and_prints_the_plan_and_summary(lab: LabHandle) -> None:
+    proc = plan_stage()
     assert proc.returncode == 0, proc.stdout + proc.stderr
     out = proc.stdout
     # The probe went through SSH to ct200's nvidia-smi stand-in and the planner used what it printed.
     assert "GPUs: 8 x NVIDIA RTX PRO 6000 Blackwell Workstation Edition, kernel module 595.71.05 (open)" in out
+    assert "ct200 has 8x NVIDIA RTX PRO 6000 Blackwell as group pro6000 expects" in out
     assert "plan: tp 2 x dp 4 on GPUs [0, 1, 2, 3, 4, 5, 6, 7]" in out
     assert "ct129" not in out.split("PLAY RECAP")[-1]  # -l pro6000 touched only ct200
     assert "changed=0" in out and "failed=0" in out
 
 
-def test_demo_check_mode_finishes_and_changes_nothing(lab: LabHandle) -> None:
-    proc = deploy("--check", "--diff")
+def test_plan_stage_under_check_mode_changes_nothing(lab: LabHandle) -> None:
+    proc = plan_stage("--check", "--diff")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "changed=0" in proc.stdout
 

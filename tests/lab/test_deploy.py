@@ -106,3 +106,19 @@ def test_wrong_hardware_is_refused_before_any_change(fresh_lab: LabHandle, tmp_p
     assert ("ct200 has 8x NVIDIA RTX PRO 6000 Blackwell Workstation Edition (97887 MiB); group eval expects "
             "2x NVIDIA RTX A6000 (49140 MiB), compute capability 8.6. Refusing to deploy.") in out
     assert host_state(fresh_lab) == before
+
+
+def test_an_unmanaged_server_on_the_engine_port_is_refused(fresh_lab: LabHandle, tmp_path: Path) -> None:
+    # The duplicate-server mistake: something else listens where the engine must.
+    fresh_lab.ssh("ct200", "systemctl", "stop", "sglang-qwen.service")
+    server = fresh_lab.ssh("ct200", "systemd-run", "--unit=stray-server", "python3", "-m", "http.server",
+                           "30000", "--bind", "127.0.200.1")
+    assert server.returncode == 0, server.stderr
+    try:
+        runner = deploy(tmp_path, "--tags", "plan")
+        out = stdout(runner)
+        assert runner.rc != 0
+        assert "port 30000 is held by python3" in out and "not the engine service this deploy manages" in out
+    finally:
+        fresh_lab.ssh("ct200", "systemctl", "stop", "stray-server")
+        fresh_lab.ssh("ct200", "systemctl", "start", "sglang-qwen.service")

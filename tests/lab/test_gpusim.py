@@ -438,9 +438,10 @@ def test_run_sh_starts_the_job_in_the_background(tmp_path: Path) -> None:
 # ------------------------------------------------------------------ provisioning a real rootfs
 
 
-@pytest.mark.skipif(os.geteuid() != 0 or not (BASE_ROOTFS.parent / "base.stamp").exists(),
-                    reason="needs root and the lab's base rootfs (.cache/lab/rootfs/base; make lab-up builds it)")
-def test_provision_installs_the_kit_into_a_rootfs() -> None:
+@pytest.mark.lab
+def test_provision_installs_the_kit_into_a_rootfs(lab) -> None:
+    # The session's lab fixture builds the cached base rootfs this test copies.
+    assert (BASE_ROOTFS.parent / "base.stamp").exists()
     scratch = REPO / ".cache" / "lab" / "scratch-kit" / f"pytest-{os.getpid()}"
     shutil.rmtree(scratch, ignore_errors=True)
     scratch.mkdir(parents=True)
