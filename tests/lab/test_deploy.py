@@ -1,14 +1,17 @@
 """deploy_dflash.yml end to end in the lab, through ansible-runner (a fresh private_data_dir per run).
 
 Order matters and is the operator's: a dry run on a fresh lab, the deploy, the no-op re-run, the dry run on
-the converged lab, then a wrong-hardware refusal.
+the converged lab, then the fault matrix at deploy level: wrong hardware, a stray server on the engine port,
+a kernel module whose user space is not in the apt cache, an interrupted dpkg run, a container stopped mid-run.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shlex
 import sys
+import threading
 import urllib.request
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -25,15 +28,19 @@ if TYPE_CHECKING:
 pytestmark = pytest.mark.lab
 
 
-def deploy(tmp_path: Path, *cmdline: str, extravars: dict | None = None) -> ansible_runner.Runner:
+def runner_args(tmp_path: Path, *cmdline: str, extravars: dict | None = None) -> dict:
     private = tmp_path / f"runner-{len(list(tmp_path.iterdir()))}"
     private.mkdir()
-    return ansible_runner.run(
+    return dict(
         private_data_dir=str(private), project_dir=str(ROOT), playbook="deploy_dflash.yml",
         inventory=str(ROOT / "inventory" / "lab"), limit="pro6000", cmdline=" ".join(cmdline) or None,
         extravars=extravars or {}, quiet=True, rotate_artifacts=1,
         envvars={"ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"), "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}",
                  "ANSIBLE_NOCOLOR": "1"})
+
+
+def deploy(tmp_path: Path, *cmdline: str, extravars: dict | None = None) -> ansible_runner.Runner:
+    return ansible_runner.run(**runner_args(tmp_path, *cmdline, extravars=extravars))
 
 
 def changed(runner: ansible_runner.Runner) -> int:
@@ -122,3 +129,73 @@ def test_an_unmanaged_server_on_the_engine_port_is_refused(fresh_lab: LabHandle,
     finally:
         fresh_lab.ssh("ct200", "systemctl", "stop", "stray-server")
         fresh_lab.ssh("ct200", "systemctl", "start", "sglang-qwen.service")
+
+
+def set_kernel_module(lab: LabHandle, version: str) -> None:
+    """What a host reboot into another NVIDIA kernel module looks like from ct200 (GPU simulation kit)."""
+    script = ("import json, re, pathlib\n"
+              "p = pathlib.Path('/etc/dflash-lab/gpu-profile.json'); d = json.loads(p.read_text())\n"
+              "old = d['kernel_module']['version']; d['kernel_module']['version'] = '%s'\n"
+              "p.write_text(json.dumps(d))\n"
+              "v = pathlib.Path('/var/lib/dflash-lab/proc/driver/nvidia/version')\n"
+              "v.write_text(v.read_text().replace(old, '%s'))\n") % (version, version)
+    proc = lab.ssh("ct200", "python3", "-c", shlex.quote(script))
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_a_kernel_module_without_its_user_space_debs_is_refused_before_any_change(
+        fresh_lab: LabHandle, tmp_path: Path) -> None:
+    before = host_state(fresh_lab)
+    set_kernel_module(fresh_lab, "595.71.06")
+    try:
+        runner = deploy(tmp_path)
+        out = stdout(runner)
+        assert runner.rc != 0
+        assert "ct200: missing:" in out and "595.71.06" in out, out[-4000:]
+        assert "training_stop :" not in out and "nvidia_userspace : Install" not in out
+        assert host_state(fresh_lab) == before
+    finally:
+        set_kernel_module(fresh_lab, "595.71.05")
+
+
+def test_an_interrupted_dpkg_run_is_recovered_by_the_next_deploy(fresh_lab: LabHandle, tmp_path: Path) -> None:
+    unpack = fresh_lab.ssh("ct200", "bash", "-c", shlex.quote(
+        "cd /var/cache/apt/archives && dpkg --unpack $(ls ./*_595.71.05-*.deb "
+        "| grep -v -e nvidia-dkms -e nvidia-driver -e linux-modules) && dpkg --audit"))
+    assert "unpacked but not yet configured" in unpack.stdout, unpack.stdout + unpack.stderr
+    runner = deploy(tmp_path)
+    out = stdout(runner)
+    assert runner.rc == 0, out[-5000:]
+    assert "interrupted dpkg run" in out
+    audit = fresh_lab.ssh("ct200", "dpkg", "--audit")
+    assert audit.returncode == 0 and audit.stdout.strip() == "", audit.stdout
+    assert "libnvidia-compute-595" in fresh_lab.ssh("ct200", "apt-mark", "showhold").stdout
+
+
+def test_a_container_stopped_mid_run_converges_on_the_next_run(fresh_lab: LabHandle, tmp_path: Path) -> None:
+    # A new plan (another memory fraction) means a new unit and an engine restart; ct200 powers off while the
+    # engine is starting with it.
+    new_plan = {"dflash_plan_overrides": {"mem_fraction_static": 0.75}}
+    restarting = threading.Event()
+
+    def watch(event: dict) -> bool:
+        task = (event.get("event_data") or {}).get("task", "")
+        if event.get("event") == "playbook_on_task_start" and task.startswith("Wait for the engine"):
+            restarting.set()
+        return True
+
+    thread, runner = ansible_runner.run_async(**runner_args(tmp_path, extravars=new_plan), event_handler=watch)
+    try:
+        assert restarting.wait(timeout=600), "the deploy never reached the engine's readiness gates"
+        fresh_lab.cli_ok("stop", "ct200")
+    finally:
+        thread.join()
+    assert runner.rc != 0
+    fresh_lab.cli_ok("start", "ct200")
+    again = deploy(tmp_path, extravars=new_plan)
+    out = stdout(again)
+    assert again.rc == 0, out[-5000:]
+    record = json.loads(fresh_lab.ssh("ct200", "cat", "/var/lib/dflash-infra/deployment.json").stdout)
+    assert record["plan"]["mem_fraction_static"] == 0.75
+    assert "--mem-fraction-static" in record["args"] and "0.75" in record["args"]
+    assert record["gates"]["state"] == "ready", record["gates"]
