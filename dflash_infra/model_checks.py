@@ -61,3 +61,27 @@ def synced_models(described: list[Mapping[str, Any]], models: Mapping[str, Mappi
     if "target" in specs and "draft" in specs and speculative.get("algorithm", "dflash") != "none":
         problems += dflash_problems(specs["target"], specs["draft"], speculative)
     return {"models": out, "problems": problems}
+
+
+def plan_models(models: Mapping[str, Mapping[str, Any]], synced: Mapping[str, Mapping[str, Any]] | None
+                ) -> dict[str, dict[str, Any]]:
+    """The planner's model sections with the config.json and weight bytes it will use: the synced ones (the
+    destination's index) where this run synced and checked the model, the catalogue's otherwise. Explicit,
+    so two plans can be compared by their inputs."""
+    out: dict[str, dict[str, Any]] = {}
+    for key, model in models.items():
+        section = dict(model)
+        got = (synced or {}).get(key) or {}
+        name = str(model.get("name", ""))
+        if got.get("name") == name and got.get("config"):
+            section["config"] = got["config"]
+            weights = got.get("weights_bytes")
+        elif "config" not in section and "config_path" not in section and name in catalogue.known_models():
+            section["config"] = catalogue.config(name)
+            weights = catalogue.weights_bytes(name)
+        else:
+            weights = None
+        if weights and not section.get("weights_bytes"):
+            section["weights_bytes"] = int(weights)
+        out[key] = section
+    return out

@@ -31,6 +31,11 @@ def dflash_synced_models(described: list[dict[str, Any]], models: dict[str, Any]
     return model_checks.synced_models(described, models, manifests, speculative)
 
 
+def dflash_plan_models(models: dict[str, Any], synced: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The planner's model sections: catalogue entries with the synced config and weight bytes where known."""
+    return model_checks.plan_models(models, synced)
+
+
 def dflash_human_bytes(n: int) -> str:
     return manifest.human(int(n))
 
@@ -75,6 +80,7 @@ class FilterModule:
             "dflash_published_problems": dflash_published_problems,
             "dflash_sync_summary": dflash_sync_summary,
             "dflash_synced_models": dflash_synced_models,
+            "dflash_plan_models": dflash_plan_models,
             "dflash_human_bytes": dflash_human_bytes,
             "dflash_gpus_held": dflash_gpus_held,
             "dflash_gpu_holders": dflash_gpu_holders,

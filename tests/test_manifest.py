@@ -242,6 +242,23 @@ def test_synced_models_run_the_planner_checks_and_take_weights_from_the_index() 
     assert any("target_layer_ids [99]" in p for p in model_checks.synced_models(described, models, {}, {})["problems"])
 
 
+def test_plan_models_take_the_synced_config_and_index_bytes_and_compare_by_content() -> None:
+    data = ROOT / "dflash_infra/data/models"
+    models = {"target": {"name": "Qwen3.6-27B", "path": "/m/T"}, "draft": {"name": "Qwen3.6-27B-DFlash", "path": "/m/D"}}
+    before_sync = model_checks.plan_models(models, None)
+    assert before_sync["target"]["config"] == json.loads((data / "Qwen3.6-27B/config.json").read_text())
+    assert before_sync["target"]["weights_bytes"] == 55562855904
+    # A sync that found the catalogued files gives the same inputs, so a plan made before the sync stands.
+    same = {k: {"name": v["name"], "config": v["config"], "weights_bytes": v["weights_bytes"]} for k, v in before_sync.items()}
+    assert model_checks.plan_models(models, same) == before_sync
+    # A different drafter checkpoint at the destination changes the inputs: its bytes come from the synced files.
+    other = dict(same, draft=dict(same["draft"], weights_bytes=3_000_000_000))
+    after = model_checks.plan_models(models, other)
+    assert after["draft"]["weights_bytes"] == 3_000_000_000 and after != before_sync
+    # A synced entry of another model (a renamed catalogue) is not taken for this one.
+    assert model_checks.plan_models(models, {"target": dict(same["target"], name="Qwen3.5-27B")}) == before_sync
+
+
 def test_the_tool_runs_from_stdin_with_python_only(model: Path, tmp_path: Path) -> None:
     code = (ROOT / "dflash_infra/manifest.py").read_text()
     cache = tmp_path / "cache.json"
