@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """Lab builder: Debian bookworm containers booted with systemd-nspawn that rehearse the
-Proxmox LXC containers (real systemd as PID 1, real apt/dpkg, real sshd).
+Proxmox LXC containers (real systemd as PID 1, real apt/dpkg, real sshd), plus a Proxmox
+node stand-in (pve1) whose `pct exec` reaches them the way production does.
 
-Subcommands: up, down [--purge], status [--json], start NAME, stop NAME, shell NAME.
+Subcommands: up, down [--purge], status [--json], start NAME, stop NAME, reset NAME, shell NAME.
 Run as root. State lives in .cache/lab of the repository (LAB_STATE_DIR overrides it).
 Standard library only, so it runs with the system python3 before the project venv exists.
 """
@@ -28,6 +29,9 @@ from typing import Sequence, TextIO
 
 REPO = Path(__file__).resolve().parent.parent
 KIT_PROVISION = REPO / "lab" / "kit" / "provision"
+PVE_DIR = REPO / "lab" / "pve"
+# A real /proc/devices capture (H200 machine): its nvidia-uvm major (238) goes into the node's LXC configs.
+PROC_DEVICES_FIXTURE = REPO / "tests" / "fixtures" / "nvidia" / "h200-device-run" / "proc-devices.txt"
 
 SUITE = "bookworm"
 VARIANT = "minbase"
@@ -53,17 +57,43 @@ READY_STATES = ("running", "degraded")
 
 @dataclass(frozen=True)
 class Container:
-    """One lab container: the production name, its group and its own loopback address."""
+    """One lab machine: the production name, its group, its own loopback address and its role.
+
+    role "container" rehearses a Proxmox LXC container (Proxmox id `vmid`, GPU kit installed);
+    role "node" is the Proxmox node stand-in that reaches the containers with `pct exec`.
+    """
 
     name: str
     group: str
     address: str
+    role: str = "container"
+    vmid: int | None = None
+
+    @property
+    def is_node(self) -> bool:
+        return self.role == "node"
 
 
 CONTAINERS: tuple[Container, ...] = (
-    Container(name="ct200", group="pro6000", address="127.0.200.1"),
-    Container(name="ct129", group="eval", address="127.0.129.1"),
+    Container(name="ct200", group="pro6000", address="127.0.200.1", vmid=200),
+    Container(name="ct129", group="eval", address="127.0.129.1", vmid=129),
+    Container(name="pve1", group="proxmox_nodes", address="127.0.10.1", role="node"),
 )
+
+# Where the node stand-in finds its pieces (paths inside pve1).
+NODE_PVE_SRC = "/usr/local/lib/dflash-lab/pve"        # lab/pve, bind-mounted read-only
+NODE_PCTD_DIR = "/var/lib/dflash-lab/pctd"            # <state>/run/pctd: the pct daemon's socket
+NODE_PROC_DEVICES = "/var/lib/dflash-lab/proc/devices"  # stand-in of the node's /proc/devices
+
+
+def guests() -> list[Container]:
+    """The machines that rehearse Proxmox containers (everything but the node stand-in)."""
+    return [c for c in CONTAINERS if not c.is_node]
+
+
+def node() -> Container:
+    """The Proxmox node stand-in."""
+    return next(c for c in CONTAINERS if c.is_node)
 
 
 @dataclass(frozen=True)
@@ -149,6 +179,27 @@ class Paths:
     def provision_log(self, name: str) -> Path:
         return self.logs / f"{name}.provision.log"
 
+    @property
+    def etc_pve(self) -> Path:
+        """The node stand-in's /etc/pve (bind-mounted into pve1; the API stand-in shares it)."""
+        return self.state / "pve" / "etc-pve"
+
+    def lxc_dir(self, node_name: str) -> Path:
+        return self.etc_pve / "nodes" / node_name / "lxc"
+
+    @property
+    def pctd_dir(self) -> Path:
+        return self.run / "pctd"
+
+    @property
+    def pctd_socket(self) -> Path:
+        return self.pctd_dir / "pctd.sock"
+
+    @property
+    def paramiko_home(self) -> Path:
+        """A HOME whose ~/.ssh/known_hosts is the lab's: paramiko reads host keys only from there."""
+        return self.ssh / "home"
+
 
 @dataclass
 class ContainerStatus:
@@ -163,6 +214,16 @@ class ContainerStatus:
     leader: int | None
     systemd: str
     ssh: bool
+
+
+@dataclass
+class DaemonStatus:
+    """What `lab status` reports for one of the node stand-in's host daemons."""
+
+    name: str
+    pid: int | None
+    ready: bool
+    log: str
 
 
 class LabError(Exception):
@@ -484,13 +545,30 @@ def host_key_lines(paths: Paths, c: Container) -> list[str]:
 
 
 def write_known_hosts(paths: Paths) -> None:
-    """Rewrite the lab's known_hosts from the containers that exist now."""
+    """Rewrite the lab's known_hosts from the machines that exist now."""
     lines = []
     for c in CONTAINERS:
         if paths.created_stamp(c.name).exists():
             lines.extend(host_key_lines(paths, c))
     paths.ssh.mkdir(parents=True, exist_ok=True)
     paths.known_hosts.write_text("".join(f"{line}\n" for line in lines))
+    ensure_paramiko_home(paths)
+
+
+def ensure_paramiko_home(paths: Paths) -> None:
+    """<state>/ssh/home/.ssh/known_hosts -> the lab's known_hosts.
+
+    paramiko (and so community.proxmox.proxmox_pct_remote) checks host keys only against
+    ~/.ssh/known_hosts; running Ansible with HOME=<state>/ssh/home keeps that check on, against
+    the lab's own keys.
+    """
+    dot_ssh = paths.paramiko_home / ".ssh"
+    dot_ssh.mkdir(mode=0o700, parents=True, exist_ok=True)
+    link = dot_ssh / "known_hosts"
+    if link.is_symlink() and os.readlink(link) == "../../known_hosts":
+        return
+    link.unlink(missing_ok=True)
+    link.symlink_to("../../known_hosts")
 
 
 def ssh_argv(paths: Paths, c: Container, *command: str) -> list[str]:
@@ -579,8 +657,29 @@ def provision_with_kit(paths: Paths, c: Container, clock: Clock) -> bool:
     return True
 
 
+def prepare_node_rootfs(paths: Paths, c: Container) -> None:
+    """Make a fresh clone the Proxmox node stand-in: /usr/sbin/pct and a /proc/devices stand-in, no GPU kit.
+
+    /usr/sbin/pct links into lab/pve, which `lab up` bind-mounts read-only at NODE_PVE_SRC, so the
+    client is always the checked-out one; /etc/pve and the pct daemon's socket folder are bind mounts too.
+    """
+    root = paths.machine(c.name)
+    for folder in (NODE_PVE_SRC, NODE_PCTD_DIR, "/etc/pve"):
+        (root / folder.lstrip("/")).mkdir(parents=True, exist_ok=True)
+    pct = root / "usr" / "sbin" / "pct"
+    pct.unlink(missing_ok=True)
+    pct.symlink_to(f"{NODE_PVE_SRC}/pct")
+    write_file(root / NODE_PROC_DEVICES.lstrip("/"), PROC_DEVICES_FIXTURE.read_text())
+    write_file(root / "var" / "lib" / "dflash-lab" / "README",
+               f"Lab STAND-IN of a Proxmox VE node (dflash-infra lab/README.md), not a Proxmox node.\n"
+               f"/usr/sbin/pct is the lab's pct stand-in (lab/pve/pct): it hands `pct exec` to the host's\n"
+               f"pct daemon (lab/pve/pctd.py) through {NODE_PCTD_DIR}/pctd.sock, which enters the lab\n"
+               f"container with nsenter. /etc/pve is <state>/pve/etc-pve of the lab host.\n"
+               f"{NODE_PROC_DEVICES} is a real /proc/devices capture ({PROC_DEVICES_FIXTURE.relative_to(REPO)}).\n")
+
+
 def create_machine(paths: Paths, c: Container, clock: Clock) -> bool:
-    """Clone the base rootfs for one container, configure and provision it. False if it existed."""
+    """Clone the base rootfs for one machine, configure and provision it. False if it existed."""
     root = paths.machine(c.name)
     stamp = paths.created_stamp(c.name)
     if stamp.exists() and root.is_dir():
@@ -596,9 +695,14 @@ def create_machine(paths: Paths, c: Container, clock: Clock) -> bool:
     clock.say(f"{c.name}: cloned base rootfs in {time.monotonic() - started:.1f} s")
     configure_rootfs(paths, c)
     clock.say(f"{c.name}: hostname {c.name}, sshd on {c.address}:22, fresh host keys and machine id")
-    provisioned = provision_with_kit(paths, c, clock)
+    if c.is_node:
+        prepare_node_rootfs(paths, c)
+        clock.say(f"{c.name}: Proxmox node stand-in: /usr/sbin/pct -> lab/pve/pct, {NODE_PROC_DEVICES}")
+        provisioned = False
+    else:
+        provisioned = provision_with_kit(paths, c, clock)
     stamp.write_text(json.dumps({
-        "name": c.name, "group": c.group, "address": c.address, "provisioned": provisioned,
+        "name": c.name, "group": c.group, "address": c.address, "role": c.role, "provisioned": provisioned,
         "created_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
     }, indent=2) + "\n")
     return True
@@ -666,6 +770,16 @@ def journal_tail(paths: Paths, c: Container, leader: int | None) -> str:
     return tail(paths.console_log(c.name))
 
 
+def node_binds(paths: Paths, c: Container) -> list[str]:
+    """The node stand-in's bind mounts: /etc/pve, the pct daemon's socket folder, lab/pve (read-only)."""
+    if not c.is_node:
+        return []
+    paths.etc_pve.mkdir(parents=True, exist_ok=True)
+    paths.pctd_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    return [f"--bind={paths.etc_pve}:/etc/pve", f"--bind={paths.pctd_dir}:{NODE_PCTD_DIR}",
+            f"--bind-ro={PVE_DIR}:{NODE_PVE_SRC}"]
+
+
 def start_nspawn(paths: Paths, c: Container, clock: Clock) -> int:
     """Boot a container in the background and record the nspawn pid."""
     check_address(c)
@@ -679,6 +793,7 @@ def start_nspawn(paths: Paths, c: Container, clock: Clock) -> int:
         "--link-journal=no",      # keep the container's journal inside the container
         "--console=read-only",    # boot messages go to the console log, no terminal needed
         # No --private-network: the container shares the host network and owns its loopback address.
+        *node_binds(paths, c),
     ]
     with paths.console_log(c.name).open("a") as log:
         log.write(f"\n=== {dt.datetime.now().isoformat(timespec='seconds')} {' '.join(argv)}\n")
@@ -769,6 +884,248 @@ def wait_gone_all(pids: Sequence[int], seconds: float) -> bool:
     return not any(is_alive(p) for p in pids)
 
 
+# --------------------------------------------------------------------------- node stand-in: /etc/pve
+
+
+NVIDIA_MAJOR = 195  # fixed major of /dev/nvidia<N> and /dev/nvidiactl; nvidia-uvm's is dynamic
+NVIDIA_CONTROL_NODES = ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools")
+SAFE_TEXT = set(range(0x20, 0x3a)) | set(range(0x3b, 0x7f))  # what PVE::Tools::encode_text leaves alone
+
+
+def char_major(proc_devices: str, name: str) -> int | None:
+    """Major number of a character device in /proc/devices text (None when it is not listed)."""
+    section = ""
+    for line in proc_devices.splitlines():
+        if line.strip().endswith(":"):
+            section = line.strip()
+            continue
+        parts = line.split()
+        if section == "Character devices:" and len(parts) == 2 and parts[1] == name:
+            return int(parts[0])
+    return None
+
+
+def encode_text(text: str) -> str:
+    """Proxmox's encode_text: percent-encode control characters, ':' and non-ASCII (config comments)."""
+    return "".join(chr(b) if b in SAFE_TEXT else f"%{b:02X}" for b in text.encode())
+
+
+def nvidia_passthrough_lines(gpu_count: int, uvm_major: int) -> list[str]:
+    """The LXC lines that hand a node's NVIDIA devices to a container (cgroup2 allow + bind mounts)."""
+    lines = [f"lxc.cgroup2.devices.allow: c {major}:* rwm" for major in (NVIDIA_MAJOR, uvm_major)]
+    for dev in [f"nvidia{i}" for i in range(gpu_count)] + list(NVIDIA_CONTROL_NODES):
+        lines.append(f"lxc.mount.entry: /dev/{dev} dev/{dev} none bind,optional,create=file")
+    return lines
+
+
+def lxc_config(c: Container, gpu_count: int, uvm_major: int) -> str:
+    """A Proxmox LXC config (nodes/<node>/lxc/<vmid>.conf) for a lab container, in Proxmox's own layout.
+
+    Description comment first, then the options sorted by key, then the raw lxc.* lines; no
+    address literals (the network is DHCP).
+    """
+    options = {
+        "arch": "amd64",
+        "cores": "8",
+        "features": "nesting=1",
+        "hostname": c.name,
+        "memory": "16384",
+        "net0": "name=eth0,bridge=vmbr0,firewall=1,ip=dhcp,type=veth",
+        "ostype": "debian",
+        "rootfs": f"local-lvm:vm-{c.vmid}-disk-0,size=64G",
+        "swap": "0",
+    }
+    description = f"Lab stand-in of CT{c.vmid} (group {c.group}); dflash-infra lab/README.md"
+    lines = [f"#{encode_text(description)}"]
+    lines += [f"{key}: {value}" for key, value in sorted(options.items())]
+    lines += nvidia_passthrough_lines(gpu_count, uvm_major)
+    return "\n".join(lines) + "\n"
+
+
+def guest_gpu_count(paths: Paths, c: Container) -> int | None:
+    """How many GPUs the kit simulates in a container (from its installed profile), None without one."""
+    profile = paths.machine(c.name) / "etc" / "dflash-lab" / "gpu-profile.json"
+    try:
+        return len(json.loads(profile.read_text())["gpus"])
+    except (FileNotFoundError, KeyError, TypeError, ValueError):
+        return None
+
+
+def ensure_lxc_dir(paths: Paths, node_name: str) -> Path:
+    """nodes/<node>/lxc under the node's /etc/pve, with the `lxc`, `qemu-server` and `local` links of a real node."""
+    real = paths.lxc_dir(node_name)
+    real.mkdir(parents=True, exist_ok=True)
+    (real.parent / "qemu-server").mkdir(exist_ok=True)
+    for link, target in (("lxc", f"nodes/{node_name}/lxc"), ("qemu-server", f"nodes/{node_name}/qemu-server"),
+                         ("local", f"nodes/{node_name}")):
+        path = paths.etc_pve / link
+        if not path.exists() and not path.is_symlink():
+            path.symlink_to(target)
+    return paths.etc_pve / "lxc"
+
+
+def write_node_configs(paths: Paths, clock: Clock) -> bool:
+    """Write each container's <vmid>.conf into the node's /etc/pve when it is missing (never overwrite)."""
+    n = node()
+    if not paths.created_stamp(n.name).exists():
+        return False
+    lxc = ensure_lxc_dir(paths, n.name)
+    devices = paths.machine(n.name) / NODE_PROC_DEVICES.lstrip("/")
+    uvm_major = char_major(devices.read_text() if devices.exists() else PROC_DEVICES_FIXTURE.read_text(),
+                           "nvidia-uvm")
+    if uvm_major is None:
+        raise LabError(f"Expected an nvidia-uvm line in {devices} (the node's /proc/devices stand-in), found "
+                       f"none. Run `lab reset {n.name}` to copy it again from {PROC_DEVICES_FIXTURE}.")
+    written = False
+    for c in guests():
+        conf = lxc / f"{c.vmid}.conf"
+        if conf.exists():
+            continue
+        gpus = guest_gpu_count(paths, c)
+        if gpus is None:
+            clock.say(f"{n.name}: {c.name} has no GPU profile yet; {conf.name} is written by the next `lab up`")
+            continue
+        tmp = conf.with_suffix(".conf.tmp")
+        tmp.write_text(lxc_config(c, gpus, uvm_major))
+        tmp.rename(conf)
+        clock.say(f"{n.name}: wrote /etc/pve/lxc/{conf.name} ({c.name}, {gpus} GPUs, nvidia-uvm major {uvm_major})")
+        written = True
+    return written
+
+
+# --------------------------------------------------------------------------- node stand-in: host daemons
+
+
+@dataclass(frozen=True)
+class Daemon:
+    """A host process that serves the node stand-in: the pct daemon, the Proxmox API stand-in.
+
+    Started in its own session with `--state-dir <state>` (and `--listen <node address> --port`
+    for a TCP service); found again by its argument vector, never by name.
+    """
+
+    name: str
+    script: Path
+    port: int | None = None  # TCP port on the node's address; None: the pct daemon's unix socket
+    also_reads: tuple[Path, ...] = ()  # other sources whose change means a restart
+
+    def argv(self, paths: Paths) -> list[str]:
+        argv = [sys.executable, str(self.script), "--state-dir", str(paths.state)]
+        if self.port is not None:
+            argv += ["--listen", node().address, "--port", str(self.port)]
+        return argv
+
+    def wanted(self) -> bool:
+        return self.script.is_file()
+
+    def log(self, paths: Paths) -> Path:
+        return paths.logs / f"{self.name}.log"
+
+    def pidfile(self, paths: Paths) -> Path:
+        return paths.run / f"{self.name}.pid"
+
+    def ready(self, paths: Paths) -> bool:
+        """The service accepts connections (unix socket or TCP port)."""
+        if self.port is None:
+            return connectable(socket.AF_UNIX, str(paths.pctd_socket))
+        return connectable(socket.AF_INET, (node().address, self.port))
+
+
+def connectable(family: socket.AddressFamily, address: str | tuple[str, int]) -> bool:
+    """Something accepts a stream connection at this address."""
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.settimeout(1.0)
+        try:
+            s.connect(address)
+        except OSError:
+            return False
+    return True
+
+
+DAEMONS: tuple[Daemon, ...] = (
+    Daemon(name="pctd", script=PVE_DIR / "pctd.py", also_reads=(Path(__file__).resolve(),)),
+    Daemon(name="pve-api", script=PVE_DIR / "api.py", port=8006),
+)
+DAEMON_START_TIMEOUT = 20.0
+
+
+def daemon_pids(paths: Paths, d: Daemon) -> list[int]:
+    """Live processes running this daemon's script for this state folder."""
+    found = []
+    for pid in all_pids():
+        argv = cmdline(pid)
+        if (str(d.script) in argv[1:3] and "--state-dir" in argv
+                and argv[argv.index("--state-dir") + 1:][:1] == [str(paths.state)] and is_alive(pid)):
+            found.append(pid)
+    return sorted(found)
+
+
+def process_started_at(pid: int) -> float | None:
+    """Start time of a process as a Unix timestamp (from /proc/<pid>/stat and the boot time)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        btime = next(int(line.split()[1]) for line in Path("/proc/stat").read_text().splitlines()
+                     if line.startswith("btime "))
+    except (FileNotFoundError, ProcessLookupError, StopIteration, IndexError):
+        return None
+    return btime + int(fields[19]) / os.sysconf("SC_CLK_TCK")
+
+
+def daemon_is_stale(d: Daemon, pid: int) -> bool:
+    """The daemon runs older code than the checkout (its script or a module it reads changed since it started)."""
+    started = process_started_at(pid)
+    newest = max(p.stat().st_mtime for p in (d.script, *d.also_reads) if p.exists())
+    return started is not None and newest > started + 1
+
+
+def stop_daemon(paths: Paths, d: Daemon, clock: Clock) -> bool:
+    """SIGTERM, then SIGKILL after a bounded wait. False when it was not running."""
+    pids = daemon_pids(paths, d)
+    for pid in pids:
+        os.kill(pid, signal.SIGTERM)
+    if pids and not wait_gone_all(pids, 10):
+        for pid in pids:
+            if is_alive(pid):
+                os.kill(pid, signal.SIGKILL)
+        wait_gone_all(pids, 5)
+    d.pidfile(paths).unlink(missing_ok=True)
+    if pids:
+        clock.say(f"{d.name}: stopped (pid {', '.join(map(str, pids))})")
+    return bool(pids)
+
+
+def start_daemon(paths: Paths, d: Daemon, clock: Clock) -> bool:
+    """Start the daemon unless it runs (restart it when its code changed). True when it was (re)started."""
+    pids = daemon_pids(paths, d)
+    if pids and not any(daemon_is_stale(d, pid) for pid in pids) and d.ready(paths):
+        return False
+    if pids:
+        clock.say(f"{d.name}: restarting (code changed since it started, or it does not answer)")
+        stop_daemon(paths, d, clock)
+    paths.run.mkdir(parents=True, exist_ok=True)
+    paths.logs.mkdir(parents=True, exist_ok=True)
+    argv = d.argv(paths)
+    log = d.log(paths)
+    with log.open("a") as out:
+        out.write(f"\n=== {dt.datetime.now().isoformat(timespec='seconds')} {' '.join(argv)}\n")
+        out.flush()
+        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                                start_new_session=True, cwd=REPO)
+    d.pidfile(paths).write_text(f"{proc.pid}\n")
+    deadline = time.monotonic() + DAEMON_START_TIMEOUT
+    while not d.ready(paths):
+        if proc.poll() is not None:
+            raise LabError(f"{d.name} ({' '.join(argv)}) exited with {proc.returncode} while starting. "
+                           f"Last lines of {log}:\n{tail(log)}")
+        if time.monotonic() > deadline:
+            proc.kill()
+            raise LabError(f"{d.name} (pid {proc.pid}) did not accept connections within "
+                           f"{DAEMON_START_TIMEOUT:.0f} s. Last lines of {log}:\n{tail(log)}")
+        time.sleep(0.1)
+    clock.say(f"{d.name}: started (pid {proc.pid}, log {log})")
+    return True
+
+
 # --------------------------------------------------------------------------- commands
 
 
@@ -794,7 +1151,7 @@ class Lab:
         known = {c.name: c for c in CONTAINERS}
         unknown = [n for n in names if n not in known]
         if unknown:
-            raise LabError(f"Unknown container {', '.join(unknown)}; the lab has {', '.join(known)}.")
+            raise LabError(f"Unknown machine {', '.join(unknown)}; the lab has {', '.join(known)}.")
         return [known[n] for n in names] if names else list(CONTAINERS)
 
     def up(self, names: Sequence[str] = ()) -> int:
@@ -805,11 +1162,14 @@ class Lab:
         ensure_host_tools(self.clock)
         changed = build_base(self.paths, self.settings, self.clock)
         ensure_lab_key(self.paths, self.clock)
+        ensure_paramiko_home(self.paths)
         created = [c for c in containers if create_machine(self.paths, c, self.clock)]
         if created:
             write_known_hosts(self.paths)
             changed = True
         self.warn_unprovisioned(containers)
+        changed = write_node_configs(self.paths, self.clock) or changed
+        changed = self.ensure_daemons() or changed
         booting = {}
         for c in containers:
             pid = running_pid(self.paths, c)
@@ -835,6 +1195,16 @@ class Lab:
                            + ", ".join(f"{c.name} running (pid {running_pid(self.paths, c)})" for c in containers))
         return 0
 
+    def ensure_daemons(self) -> bool:
+        """Start (or restart, when dead or out of date) the node stand-in's host daemons, once the node exists."""
+        if not self.paths.created_stamp(node().name).exists():
+            return False
+        started = False
+        for d in DAEMONS:
+            if d.wanted():
+                started = start_daemon(self.paths, d, self.clock) or started
+        return started
+
     def check_running(self, c: Container, pid: int) -> None:
         """A container already up must still be healthy; a stuck one is reported, not rebooted."""
         state = systemd_state(container_leader(pid))
@@ -849,7 +1219,7 @@ class Lab:
             return
         for c in containers:
             info = created_info(self.paths, c)
-            if info is not None and not info.get("provisioned"):
+            if info is not None and not c.is_node and not info.get("provisioned"):
                 self.clock.say(f"{c.name}: note: created before lab/kit/provision existed, so it has no "
                                "GPU simulation kit; `lab down && lab up` rebuilds it with the kit")
 
@@ -876,6 +1246,8 @@ class Lab:
                 self.paths.created_stamp(c.name).unlink(missing_ok=True)
                 unmount_all_under(self.paths.machine(c.name), self.clock)
                 remove_tree(self.paths.machine(c.name))
+                if c.is_node:  # the node's /etc/pve is part of its initial state
+                    remove_tree(self.paths.etc_pve)
                 self.clock.say(f"{c.name}: removed; rebuilding from {self.paths.base}")
         return self.up([c.name for c in containers])
 
@@ -886,6 +1258,8 @@ class Lab:
             self.clock.say(f"lab down: nothing to do ({self.paths.state} does not exist)")
             return 0
         _lock = self.lock()
+        for d in DAEMONS:
+            stop_daemon(self.paths, d, self.clock)
         for c in CONTAINERS:
             if not stop_machine(self.paths, c, self.settings, self.clock):
                 self.clock.say(f"{c.name}: not running")
@@ -893,6 +1267,10 @@ class Lab:
                 self.paths.created_stamp(c.name).unlink(missing_ok=True)
                 remove_tree(self.paths.machine(c.name))
                 self.clock.say(f"{c.name}: removed {self.paths.machine(c.name)}")
+        for folder in (self.paths.etc_pve.parent, self.paths.pctd_dir):
+            if folder.exists():
+                remove_tree(folder)
+                self.clock.say(f"removed {folder}")
         write_known_hosts(self.paths)
         unmount_all_under(self.paths.state, self.clock)
         if purge:
@@ -917,21 +1295,38 @@ class Lab:
             ssh=ssh_answers(self.paths, c) if leader else False,
         )
 
+    def daemon_status(self) -> list[DaemonStatus]:
+        """The node stand-in's host daemons that exist in this checkout."""
+        rows = []
+        for d in DAEMONS:
+            if d.wanted():
+                pids = daemon_pids(self.paths, d) if self.paths.state.exists() else []
+                rows.append(DaemonStatus(name=d.name, pid=pids[0] if pids else None,
+                                         ready=bool(pids) and d.ready(self.paths), log=str(d.log(self.paths))))
+        return rows
+
     def status(self, as_json: bool = False) -> int:
         rows = [self.status_of(c) for c in CONTAINERS]
+        daemons = self.daemon_status()
         if as_json:
             print(json.dumps({"state_dir": str(self.paths.state),
                               "base_rootfs": base_stamp_matches(self.paths),
-                              "containers": [dataclasses.asdict(r) for r in rows]}, indent=2))
+                              "containers": [dataclasses.asdict(r) for r in rows],
+                              "daemons": [dataclasses.asdict(d) for d in daemons]}, indent=2))
         else:
             base = "cached" if base_stamp_matches(self.paths) else "not built"
             print(f"state {self.paths.state}  base rootfs: {base}")
-            print(f"{'NAME':<7}{'GROUP':<9}{'ADDRESS':<14}{'PID':<9}{'SYSTEMD':<14}{'SSH':<5}{'DISK'}")
+            print(f"{'NAME':<7}{'GROUP':<15}{'ADDRESS':<14}{'PID':<9}{'SYSTEMD':<14}{'SSH':<5}{'DISK'}")
             for r in rows:
                 disk = ("created, kit" if r.provisioned else "created") if r.created else "-"
-                print(f"{r.name:<7}{r.group:<9}{r.address:<14}{str(r.pid or '-'):<9}{r.systemd:<14}"
+                print(f"{r.name:<7}{r.group:<15}{r.address:<14}{str(r.pid or '-'):<9}{r.systemd:<14}"
                       f"{'yes' if r.ssh else 'no':<5}{disk}")
-        return 0 if all(r.systemd in READY_STATES and r.ssh for r in rows) else 3
+            for d in daemons:
+                print(f"daemon {d.name}: {'ready' if d.ready else 'not running'}"
+                      f"{f' (pid {d.pid})' if d.pid else ''}, log {d.log}")
+        node_up = any(r.name == node().name and r.created for r in rows)
+        daemons_ok = all(d.ready for d in daemons) or not node_up
+        return 0 if all(r.systemd in READY_STATES and r.ssh for r in rows) and daemons_ok else 3
 
     def shell(self, name: str) -> int:
         require_root()
@@ -950,19 +1345,19 @@ class Lab:
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="lab", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
-    up = sub.add_parser("up", help="build, boot and wait for the lab containers (idempotent)")
-    up.add_argument("names", nargs="*", help="only these containers (default: all)")
-    down = sub.add_parser("down", help="stop and remove the containers; keeps the cached rootfs")
+    up = sub.add_parser("up", help="build, boot and wait for the lab machines, start the node daemons (idempotent)")
+    up.add_argument("names", nargs="*", help="only these machines (default: all)")
+    down = sub.add_parser("down", help="stop and remove the machines and daemons; keeps the cached rootfs")
     down.add_argument("--purge", action="store_true", help="also remove the base rootfs, lab key and logs")
-    status = sub.add_parser("status", help="pid, address, systemd state and ssh of each container")
+    status = sub.add_parser("status", help="pid, address, systemd state and ssh of each machine; the node daemons")
     status.add_argument("--json", action="store_true")
-    for name, text in (("start", "start one container (creating it if needed)"),
-                       ("stop", "power one container off, keeping its disk")):
+    for name, text in (("start", "start one machine (creating it if needed)"),
+                       ("stop", "power one machine off, keeping its disk")):
         p = sub.add_parser(name, help=text)
         p.add_argument("names", nargs="+", metavar="NAME")
-    reset = sub.add_parser("reset", help="rebuild containers from the cached rootfs (initial state)")
+    reset = sub.add_parser("reset", help="rebuild machines from the cached rootfs (initial state)")
     reset.add_argument("names", nargs="+", metavar="NAME")
-    shell = sub.add_parser("shell", help="a root shell inside a running container")
+    shell = sub.add_parser("shell", help="a root shell inside a running machine")
     shell.add_argument("name")
     return parser.parse_args(argv)
 

@@ -62,8 +62,9 @@ def test_ansible_ping_reaches_both_containers(lab: LabHandle) -> None:
 
 
 def test_inventory_groups_match_production_names(lab: LabHandle) -> None:
-    for group, expected in (("pro6000", ["ct200"]), ("eval", ["ct129"]),
-                            ("proxmox_containers", sorted(lab.names))):
+    containers = sorted(c.name for c in lab.mod.guests())
+    for group, expected in (("pro6000", ["ct200"]), ("eval", ["ct129"]), ("proxmox_nodes", ["pve1"]),
+                            ("proxmox_containers", containers)):
         proc = ansible(group, "--list-hosts")
         assert proc.returncode == 0, proc.stderr
         hosts = sorted(line.strip() for line in proc.stdout.splitlines()[1:] if line.strip())
