@@ -1097,6 +1097,8 @@ def stop_daemon(paths: Paths, d: Daemon, clock: Clock) -> bool:
 def start_daemon(paths: Paths, d: Daemon, clock: Clock) -> bool:
     """Start the daemon unless it runs (restart it when its code changed). True when it was (re)started."""
     pids = daemon_pids(paths, d)
+    if os.getpid() in pids:
+        return False  # called from inside the daemon itself (the API stand-in starting a container)
     if pids and not any(daemon_is_stale(d, pid) for pid in pids) and d.ready(paths):
         return False
     if pids:

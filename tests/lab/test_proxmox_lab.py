@@ -1,0 +1,163 @@
+"""The proxmox_guest role against the lab: the node stand-in pve1 and its Proxmox VE API stand-in (lab/pve/api.py,
+started by `lab up`), whose snapshots are copies of the lab containers' disks.
+
+- playbooks/proxmox_snapshot.yml before the alignment of ct129, a change, playbooks/rollback.yml
+  -e dflash_rollback=container: the change is gone and ct129 runs again.
+- playbooks/proxmox_audit.yml with a stale nvidia-uvm major injected into pve1:/etc/pve/lxc/200.conf: reported
+  with its diff under --check (nothing changes), fixed by a real run, and a second run changes nothing.
+
+    .venv/bin/pytest -m lab tests/lab/test_proxmox_lab.py      # as root
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+from proxmoxer import ProxmoxAPI
+
+from conftest import REPO, LabHandle
+
+pytestmark = pytest.mark.lab
+
+BIN = Path(sys.executable).parent
+MARKER = "/root/changed-after-the-snapshot"
+
+
+def ansible_env() -> dict[str, str]:
+    env = dict(os.environ)
+    # JSON results keep each message on one line (the YAML format folds long ones).
+    env.update(ANSIBLE_CONFIG=str(REPO / "ansible.cfg"), ANSIBLE_NOCOLOR="1", ANSIBLE_FORCE_COLOR="0",
+               ANSIBLE_CALLBACK_RESULT_FORMAT="json", PATH=f"{BIN}{os.pathsep}{env.get('PATH', '')}")
+    return env
+
+
+def playbook(name: str, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([str(BIN / "ansible-playbook"), f"playbooks/{name}", "-i", "inventory/lab", *args],
+                          cwd=REPO, env=ansible_env(), capture_output=True, text=True)
+
+
+def recap(stdout: str, host: str) -> dict[str, int]:
+    match = re.search(rf"^{host}\s+:\s+(.*)$", stdout, re.MULTILINE)
+    assert match, f"no PLAY RECAP line for {host}:\n{stdout[-3000:]}"
+    return {k: int(v) for k, v in re.findall(r"(\w+)=(\d+)", match.group(1))}
+
+
+@pytest.fixture(scope="module")
+def pve(lab: LabHandle) -> Any:
+    """A client of the lab's API stand-in, with its CA and token (what the lab inventory reads)."""
+    folder = lab.paths.state / "pve"
+    daemons = {d["name"]: d for d in json.loads(lab.cli("status", "--json").stdout).get("daemons", [])}
+    assert daemons.get("pve-api", {}).get("ready"), f"`lab up` should run the API stand-in: {daemons}"
+    token = json.loads((folder / "api-token.json").read_text())
+    user, token_id = token["full-tokenid"].split("!")
+    return ProxmoxAPI("127.0.10.1", port=8006, user=user, token_name=token_id, token_value=token["value"],
+                      verify_ssl=str(folder / "tls" / "ca.crt")).nodes("pve1")
+
+
+def wait(pve: Any, upid: str) -> None:
+    """Poll the task until it stops (the stand-in's tasks end by themselves) and require OK."""
+    status = pve.tasks(upid).status.get()
+    while status["status"] != "stopped":
+        time.sleep(0.2)
+        status = pve.tasks(upid).status.get()
+    assert status["exitstatus"] == "OK", status
+
+
+@pytest.fixture
+def records(tmp_path: Path) -> Iterator[list[str]]:
+    """-e for a snapshot record folder of this test (the operator's own records stay untouched)."""
+    yield ["-e", f"proxmox_guest_record_dir={tmp_path / 'records'}"]
+
+
+def test_snapshot_before_alignment_and_rollback_to_it(lab: LabHandle, pve: Any, records: list[str]) -> None:
+    ct129 = pve.lxc(129)
+    before = [s["name"] for s in ct129.snapshot.get()]
+    dry = playbook("proxmox_snapshot.yml", "-l", "eval", "-e", "proxmox_guest_stage=align", "--check", *records)
+    assert dry.returncode == 0, dry.stdout[-4000:] + dry.stderr
+    assert re.search(r"Snapshot dflash-align-\d{8}-\d{6} would be created", dry.stdout)
+    assert [s["name"] for s in ct129.snapshot.get()] == before
+
+    try:
+        # A stopped container stops the play unless the play may start it.
+        wait(pve, ct129.status.shutdown.post())
+        refused = playbook("proxmox_snapshot.yml", "-l", "eval", "-e", "proxmox_guest_stage=align", *records)
+        assert refused.returncode != 0
+        assert "expected a running container, found it stopped" in refused.stdout
+        assert "-e proxmox_guest_start_stopped=true" in refused.stdout
+        proc = playbook("proxmox_snapshot.yml", "-l", "eval", "-e", "proxmox_guest_stage=align",
+                        "-e", "proxmox_guest_start_stopped=true", *records)
+        assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr
+        assert ct129.status.current.get()["status"] == "running"
+        name = re.search(r"Snapshot (dflash-align-\d{8}-\d{6}) created", proc.stdout)[1]
+        assert name in [s["name"] for s in ct129.snapshot.get()]
+        record = json.loads(next(Path(records[1].split("=", 1)[1]).glob("*-129.json")).read_text())
+        assert (record["name"], record["stage"], record["vmid"]) == (name, "align", 129)
+
+        change = lab.ssh("ct129", f"echo aligned > {MARKER} && apt-mark hold nvidia-utils-580 >/dev/null && "
+                                   "apt-mark showhold")
+        assert change.returncode == 0 and "nvidia-utils-580" in change.stdout, change.stderr
+
+        check = playbook("rollback.yml", "-l", "eval", "-e", "dflash_rollback=container", "--check", *records)
+        assert check.returncode == 0, check.stdout[-4000:] + check.stderr
+        assert f"would roll back to {name} (recorded by the last snapshot play)" in check.stdout
+        assert lab.ssh("ct129", f"test -e {MARKER}").returncode == 0
+
+        back = playbook("rollback.yml", "-l", "eval", "-e", "dflash_rollback=container", *records)
+        assert back.returncode == 0, back.stdout[-4000:] + back.stderr
+        assert f"Snapshot {name} rolled back" in back.stdout
+        assert ct129.status.current.get()["status"] == "running"
+        after = lab.ssh("ct129", f"test -e {MARKER}; echo $?; apt-mark showhold")
+        assert after.stdout.split("\n")[0] == "1" and "nvidia-utils-580" not in after.stdout
+        assert lab.ssh("ct129", "systemctl is-system-running").stdout.strip() in ("running", "degraded")
+        secret = json.loads((lab.paths.state / "pve" / "api-token.json").read_text())["value"]
+        assert all(secret not in p.stdout + p.stderr for p in (dry, refused, proc, check, back))
+    finally:
+        if ct129.status.current.get()["status"] != "running":
+            wait(pve, ct129.status.start.post())
+        for snap in ct129.snapshot.get():
+            if snap["name"].startswith("dflash-align-"):
+                wait(pve, ct129.snapshot(snap["name"]).delete())
+        lab.ssh("ct129", f"rm -f {MARKER}; apt-mark unhold nvidia-utils-580 >/dev/null")
+
+
+@pytest.fixture
+def conf_200(lab: LabHandle) -> Iterator[Path]:
+    """pve1:/etc/pve/lxc/200.conf on the lab host; put back as it was afterwards."""
+    path = lab.paths.state / "pve" / "etc-pve" / "lxc" / "200.conf"
+    original = path.read_text()
+    yield path
+    path.write_text(original)
+
+
+def test_audit_finds_the_injected_uvm_drift_and_fixes_it(conf_200: Path) -> None:
+    good = conf_200.read_text()
+    assert "lxc.cgroup2.devices.allow: c 238:* rwm\n" in good  # the node's nvidia-uvm major (H200 capture)
+    drifted = good.replace("c 238:* rwm", "c 511:* rwm")
+    conf_200.write_text(drifted)
+
+    check = playbook("proxmox_audit.yml", "-l", "pro6000", "--check", "--diff",
+                     "-e", "proxmox_guest_fix_passthrough=true")
+    assert check.returncode == 0, check.stdout[-4000:] + check.stderr
+    assert "NVIDIA passthrough drifted from pve1 (nvidia-uvm is 238" in check.stdout
+    assert "-lxc.cgroup2.devices.allow: c 511:* rwm" in check.stdout
+    assert "+lxc.cgroup2.devices.allow: c 238:* rwm" in check.stdout
+    assert conf_200.read_text() == drifted
+
+    fix = playbook("proxmox_audit.yml", "-l", "pro6000", "-e", "proxmox_guest_fix_passthrough=true")
+    assert fix.returncode == 0, fix.stdout[-4000:] + fix.stderr
+    assert recap(fix.stdout, "ct200")["changed"] >= 1
+    assert conf_200.read_text() == good
+    assert "the fixed passthrough applies when the container starts again" in fix.stdout
+
+    again = playbook("proxmox_audit.yml", "-l", "pro6000", "-e", "proxmox_guest_fix_passthrough=true")
+    assert again.returncode == 0, again.stdout[-4000:] + again.stderr
+    assert recap(again.stdout, "ct200")["changed"] == 0
+    assert "NVIDIA passthrough matches pve1 (nvidia 195, nvidia-uvm 238, GPUs 0-7)" in again.stdout
