@@ -2,13 +2,15 @@
 
 Order matters and is the operator's: a dry run on a fresh lab, the deploy, the no-op re-run, the dry run on
 the converged lab, then the fault matrix at deploy level: wrong hardware, a stray server on the engine port,
-a kernel module whose user space is not in the apt cache, an interrupted dpkg run, a container stopped mid-run.
+a kernel module whose user space is not in the apt cache, an interrupted dpkg run, a container stopped mid-run;
+last, a deploy the production way through the Proxmox node (pct, API checks, snapshot before the engine install).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import sys
 import threading
@@ -18,6 +20,7 @@ from typing import TYPE_CHECKING
 
 import ansible_runner
 import pytest
+from proxmoxer import ProxmoxAPI
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from helpers import BIN, ROOT  # noqa: E402
@@ -28,7 +31,7 @@ if TYPE_CHECKING:
 pytestmark = pytest.mark.lab
 
 
-def runner_args(tmp_path: Path, *cmdline: str, extravars: dict | None = None) -> dict:
+def runner_args(tmp_path: Path, *cmdline: str, extravars: dict | None = None, env: dict | None = None) -> dict:
     private = tmp_path / f"runner-{len(list(tmp_path.iterdir()))}"
     private.mkdir()
     return dict(
@@ -36,7 +39,7 @@ def runner_args(tmp_path: Path, *cmdline: str, extravars: dict | None = None) ->
         inventory=str(ROOT / "inventory" / "lab"), limit="pro6000", cmdline=" ".join(cmdline) or None,
         extravars=extravars or {}, quiet=True, rotate_artifacts=1,
         envvars={"ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"), "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}",
-                 "ANSIBLE_NOCOLOR": "1"})
+                 "ANSIBLE_NOCOLOR": "1", **(env or {})})
 
 
 def deploy(tmp_path: Path, *cmdline: str, extravars: dict | None = None) -> ansible_runner.Runner:
@@ -199,3 +202,32 @@ def test_a_container_stopped_mid_run_converges_on_the_next_run(fresh_lab: LabHan
     assert record["plan"]["mem_fraction_static"] == 0.75
     assert "--mem-fraction-static" in record["args"] and "0.75" in record["args"]
     assert record["gates"]["state"] == "ready", record["gates"]
+
+
+def test_a_deploy_through_the_proxmox_node_snapshots_the_container_before_the_engine_install(
+        fresh_lab: LabHandle, tmp_path: Path) -> None:
+    # ct200 the production way: SSH to the node stand-in pve1, `pct exec 200`, the Proxmox VE API stand-in for the
+    # running check, the passthrough audit and the snapshot. Without its engine, the deploy installs it again.
+    assert fresh_lab.ssh("ct200", "rm", "-rf", "/opt/sglang/venv").returncode == 0
+    pctd_log = fresh_lab.paths.logs / "pctd.log"
+    logged = pctd_log.stat().st_size if pctd_log.exists() else 0
+    state = fresh_lab.paths.state
+    runner = ansible_runner.run(**runner_args(
+        tmp_path, "-i", str(ROOT / "inventory" / "lab-pct"),
+        extravars={"proxmox_guest_record_dir": str(tmp_path / "snapshots")},
+        env={"HOME": str(state / "ssh" / "home")}))
+    out = stdout(runner)
+    assert runner.rc == 0, out[-5000:]
+    assert "container: running on pve1, GPU passthrough ok" in out
+    snapshot = re.search(r"snapshot: (dflash-engine-upgrade-\d{8}-\d{6}) before engine-upgrade", out)
+    assert snapshot, out[-3000:]
+    assert "exec 200" in pctd_log.read_text()[logged:]
+    record = json.loads(fresh_lab.ssh("ct200", "cat", "/var/lib/dflash-infra/deployment.json").stdout)
+    assert record["gates"]["state"] == "ready" and record["engine"]["version"] == "0.5.23+lab"
+    token = json.loads((state / "pve" / "api-token.json").read_text())
+    user, token_id = token["full-tokenid"].split("!")
+    ct200 = ProxmoxAPI("127.0.10.1", port=8006, user=user, token_name=token_id, token_value=token["value"],
+                       verify_ssl=str(state / "pve" / "tls" / "ca.crt")).nodes("pve1").lxc(200)
+    assert snapshot[1] in [s["name"] for s in ct200.snapshot.get()]
+    assert token["value"] not in out
+    ct200.snapshot(snapshot[1]).delete()

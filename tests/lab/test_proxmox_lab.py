@@ -3,6 +3,8 @@ started by `lab up`), whose snapshots are copies of the lab containers' disks.
 
 - playbooks/proxmox_snapshot.yml before the alignment of ct129, a change, playbooks/rollback.yml
   -e dflash_rollback=container: the change is gone and ct129 runs again.
+- playbooks/align_driver.yml with dflash_proxmox_guard on ct129 in its incident state: the snapshot is taken right
+  before the apt transaction, and rolling back to it brings the mismatch back.
 - playbooks/proxmox_audit.yml with a stale nvidia-uvm major injected into pve1:/etc/pve/lxc/200.conf: reported
   with its diff under --check (nothing changes), fixed by a real run, and a second run changes nothing.
 
@@ -126,6 +128,34 @@ def test_snapshot_before_alignment_and_rollback_to_it(lab: LabHandle, pve: Any, 
             if snap["name"].startswith("dflash-align-"):
                 wait(pve, ct129.snapshot(snap["name"]).delete())
         lab.ssh("ct129", f"rm -f {MARKER}; apt-mark unhold nvidia-utils-580 >/dev/null")
+
+
+def test_align_driver_snapshots_right_before_the_transaction_and_the_rollback_restores_the_incident(
+        lab: LabHandle, pve: Any, records: list[str]) -> None:
+    # ct129 in its initial state: user space 580.159.03 over kernel module 580.126.09, nvidia-smi in mismatch.
+    lab.cli_ok("reset", "ct129")
+    assert lab.ssh("ct129", "nvidia-smi").returncode == 18
+    ct129 = pve.lxc(129)
+    try:
+        align = playbook("align_driver.yml", "-l", "eval", "-e", "dflash_proxmox_guard=true", *records)
+        assert align.returncode == 0, align.stdout[-4000:] + align.stderr
+        name = re.search(r"Snapshot (dflash-align-\d{8}-\d{6}) created", align.stdout)[1]
+        # The snapshot comes after the plan and the apt simulation, right before the transaction.
+        assert align.stdout.index(name) < align.stdout.index("Install the user-space set at the kernel module")
+        assert lab.ssh("ct129", "nvidia-smi").returncode == 0
+        again = playbook("align_driver.yml", "-l", "eval", "-e", "dflash_proxmox_guard=true", *records)
+        assert again.returncode == 0 and recap(again.stdout, "ct129")["changed"] == 0, again.stdout[-3000:]
+        assert [s["name"] for s in ct129.snapshot.get() if s["name"].startswith("dflash-")] == [name]
+
+        back = playbook("rollback.yml", "-l", "eval", "-e", "dflash_rollback=container", *records)
+        assert back.returncode == 0, back.stdout[-4000:] + back.stderr
+        assert ct129.status.current.get()["status"] == "running"
+        smi = lab.ssh("ct129", "nvidia-smi")
+        assert smi.returncode == 18 and "Driver/library version mismatch" in smi.stdout + smi.stderr
+    finally:
+        for snap in ct129.snapshot.get():
+            if snap["name"].startswith("dflash-align-"):
+                wait(pve, ct129.snapshot(snap["name"]).delete())
 
 
 @pytest.fixture
