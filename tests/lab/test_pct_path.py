@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -111,7 +112,10 @@ def test_the_deploy_probe_reaches_ct200_through_pct_without_its_sshd(
     served = [line for line in log.new_lines() if " exec 200 status=" in line]
     modules = [line for line in served if "AnsiballZ_" in line and "status=0" in line]
     assert modules, "no module ran in ct200 through the pct daemon:\n" + "\n".join(log.new_lines()[-20:])
-    assert all("status=0" in line for line in served if "AnsiballZ_" in line), "\n".join(served)
+    # Every command came back through pct with its own exit status: none was refused by pct (255) or killed by a
+    # signal (128+N). A module may exit 1 where its task expects it (the summary's slurp of a record not written yet).
+    statuses = [int(re.search(r" status=(\d+)", line)[1]) for line in served]
+    assert all(s < 128 for s in statuses), "\n".join(served)
 
 
 def test_one_change_through_pct_then_a_rerun_changes_nothing(lab: LabHandle, tmp_path: Path) -> None:
