@@ -12,6 +12,7 @@ from types import ModuleType
 from typing import Any, Iterator
 
 import pytest
+from proxmoxer import ProxmoxAPI
 
 REPO = Path(__file__).resolve().parents[2]
 LABCTL_PATH = REPO / "lab" / "labctl.py"
@@ -51,6 +52,17 @@ class LabHandle:
         proc = self.cli("status", "--json")
         assert proc.returncode in (0, 3), proc.stderr
         return {row["name"]: row for row in json.loads(proc.stdout)["containers"]}
+
+    def pve_token(self) -> dict[str, str]:
+        """The API token the lab's Proxmox VE API stand-in made at its first start (what the lab inventory reads)."""
+        return json.loads((self.paths.state / "pve" / "api-token.json").read_text())
+
+    def pve_node(self) -> Any:
+        """A proxmoxer client of node pve1 on the API stand-in, with its token and checked against the lab CA."""
+        token = self.pve_token()
+        user, token_id = token["full-tokenid"].split("!")
+        return ProxmoxAPI("127.0.10.1", port=8006, user=user, token_name=token_id, token_value=token["value"],
+                          verify_ssl=str(self.paths.state / "pve" / "tls" / "ca.crt")).nodes("pve1")
 
     def ssh(self, name: str, *command: str) -> subprocess.CompletedProcess[str]:
         """Run a command in a container over SSH with the lab key and the lab's known_hosts."""

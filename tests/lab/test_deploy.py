@@ -20,7 +20,6 @@ from typing import TYPE_CHECKING
 
 import ansible_runner
 import pytest
-from proxmoxer import ProxmoxAPI
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from helpers import BIN, ROOT  # noqa: E402
@@ -211,11 +210,10 @@ def test_a_deploy_through_the_proxmox_node_snapshots_the_container_before_the_en
     assert fresh_lab.ssh("ct200", "rm", "-rf", "/opt/sglang/venv").returncode == 0
     pctd_log = fresh_lab.paths.logs / "pctd.log"
     logged = pctd_log.stat().st_size if pctd_log.exists() else 0
-    state = fresh_lab.paths.state
     runner = ansible_runner.run(**runner_args(
         tmp_path, "-i", str(ROOT / "inventory" / "lab-pct"),
         extravars={"proxmox_guest_record_dir": str(tmp_path / "snapshots")},
-        env={"HOME": str(state / "ssh" / "home")}))
+        env={"HOME": str(fresh_lab.paths.paramiko_home)}))
     out = stdout(runner)
     assert runner.rc == 0, out[-5000:]
     assert "container: running on pve1, GPU passthrough ok" in out
@@ -224,10 +222,7 @@ def test_a_deploy_through_the_proxmox_node_snapshots_the_container_before_the_en
     assert "exec 200" in pctd_log.read_text()[logged:]
     record = json.loads(fresh_lab.ssh("ct200", "cat", "/var/lib/dflash-infra/deployment.json").stdout)
     assert record["gates"]["state"] == "ready" and record["engine"]["version"] == "0.5.23+lab"
-    token = json.loads((state / "pve" / "api-token.json").read_text())
-    user, token_id = token["full-tokenid"].split("!")
-    ct200 = ProxmoxAPI("127.0.10.1", port=8006, user=user, token_name=token_id, token_value=token["value"],
-                       verify_ssl=str(state / "pve" / "tls" / "ca.crt")).nodes("pve1").lxc(200)
+    ct200 = fresh_lab.pve_node().lxc(200)
     assert snapshot[1] in [s["name"] for s in ct200.snapshot.get()]
-    assert token["value"] not in out
+    assert fresh_lab.pve_token()["value"] not in out
     ct200.snapshot(snapshot[1]).delete()

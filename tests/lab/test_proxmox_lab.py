@@ -23,7 +23,6 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import pytest
-from proxmoxer import ProxmoxAPI
 
 from conftest import REPO, LabHandle
 
@@ -55,13 +54,9 @@ def recap(stdout: str, host: str) -> dict[str, int]:
 @pytest.fixture(scope="module")
 def pve(lab: LabHandle) -> Any:
     """A client of the lab's API stand-in, with its CA and token (what the lab inventory reads)."""
-    folder = lab.paths.state / "pve"
     daemons = {d["name"]: d for d in json.loads(lab.cli("status", "--json").stdout).get("daemons", [])}
     assert daemons.get("pve-api", {}).get("ready"), f"`lab up` should run the API stand-in: {daemons}"
-    token = json.loads((folder / "api-token.json").read_text())
-    user, token_id = token["full-tokenid"].split("!")
-    return ProxmoxAPI("127.0.10.1", port=8006, user=user, token_name=token_id, token_value=token["value"],
-                      verify_ssl=str(folder / "tls" / "ca.crt")).nodes("pve1")
+    return lab.pve_node()
 
 
 def wait(pve: Any, upid: str) -> None:
@@ -119,7 +114,7 @@ def test_snapshot_before_alignment_and_rollback_to_it(lab: LabHandle, pve: Any, 
         after = lab.ssh("ct129", f"test -e {MARKER}; echo $?; apt-mark showhold")
         assert after.stdout.split("\n")[0] == "1" and "nvidia-utils-580" not in after.stdout
         assert lab.ssh("ct129", "systemctl is-system-running").stdout.strip() in ("running", "degraded")
-        secret = json.loads((lab.paths.state / "pve" / "api-token.json").read_text())["value"]
+        secret = lab.pve_token()["value"]
         assert all(secret not in p.stdout + p.stderr for p in (dry, refused, proc, check, back))
     finally:
         if ct129.status.current.get()["status"] != "running":
