@@ -135,15 +135,20 @@ def list_files(root: Path) -> list[tuple[str, os.stat_result]]:
 
 def sha256_file(path: Path, stats: ScanStats | None = None) -> str:
     """sha256 of a file, read in large chunks (hashlib releases the GIL, so threads overlap)."""
-    h = hashlib.sha256()
     with open(path, "rb", buffering=0) as fh:
-        while True:
-            block = fh.read(CHUNK)
-            if not block:
-                break
-            h.update(block)
-            if stats is not None:
-                stats.hashed_bytes += len(block)
+        return sha256_stream(fh, stats)
+
+
+def sha256_stream(fh: Any, stats: ScanStats | None = None) -> str:
+    """sha256 of an open (unbuffered) file from its current position to its end."""
+    h = hashlib.sha256()
+    while True:
+        block = fh.read(CHUNK)
+        if not block:
+            break
+        h.update(block)
+        if stats is not None:
+            stats.hashed_bytes += len(block)
     if stats is not None:
         stats.hashed_files += 1
     return h.hexdigest()
@@ -467,41 +472,125 @@ def _die_with_parent() -> None:
         pass
 
 
+def _inode(path: Path) -> int | None:
+    try:
+        return path.stat().st_ino
+    except FileNotFoundError:
+        return None
+
+
+@dataclass
+class _Follow:
+    """A file rsync is writing, hashed as it grows: rsync writes its temporary file front to back."""
+
+    fd: int
+    ino: int
+    offset: int = 0
+    digest: Any = field(default_factory=hashlib.sha256)
+
+
 class Verifier(threading.Thread):
-    """Hashes (and flushes) files as rsync finishes them in staging, while the transfer goes on."""
+    """Hashes files in staging while rsync receives them, then flushes each to disk, so a file's sha256 is known
+    moments after rsync renames it into staging and the transfer never waits for it. A file is followed through
+    rsync's temporary file (".<name>.XXXXXX"); the hash counts only when the finished file is that same inode
+    with the manifest's size and mtime. Files it could not follow are hashed once finished."""
 
-    def __init__(self, staging: Path, wanted: dict[str, FileEntry]) -> None:
+    def __init__(self, staging: Path, wanted: dict[str, FileEntry], interval_s: float = 0.2) -> None:
         super().__init__(daemon=True)
-        self.staging, self.wanted = staging, dict(wanted)
-        self.done: dict[str, tuple[int, int, str]] = {}  # path -> (size, mtime_ns, sha256)
+        self.staging, self.wanted, self.interval_s = staging, dict(wanted), interval_s
+        self.done: dict[str, tuple[int, int, int, str]] = {}  # path -> (size, mtime_ns, inode, sha256)
         self.stats = ScanStats()
+        self.streamed_bytes = 0  # hashed while rsync was still writing the file
         self.stop = threading.Event()
+        self._following: dict[str, _Follow] = {}
+        self._buf = memoryview(bytearray(CHUNK))
 
-    def ready(self) -> list[str]:
-        out = []
-        for rel, f in self.wanted.items():
+    def _temps(self) -> dict[str, Path]:
+        """rsync's temporary file of each wanted file not yet hashed (only when there is exactly one)."""
+        by_dir: dict[Path, dict[str, list[Path]]] = {}
+        out = {}
+        for rel in self.wanted:
             if rel in self.done:
                 continue
-            try:
-                st = (self.staging / rel).stat()
-            except FileNotFoundError:
-                continue
-            if st.st_size == f.size and st.st_mtime_ns == f.mtime_ns:
-                out.append(rel)
+            parent = (self.staging / rel).parent
+            if parent not in by_dir:
+                names: dict[str, list[Path]] = {}
+                try:
+                    for entry in os.scandir(parent):
+                        if (m := _RSYNC_TEMP.match(entry.name)) is not None:
+                            names.setdefault(m["name"], []).append(Path(entry.path))
+                except FileNotFoundError:
+                    pass
+                by_dir[parent] = names
+            temps = by_dir[parent].get(Path(rel).name, [])
+            if len(temps) == 1:
+                out[rel] = temps[0]
         return out
 
-    def hash_one(self, rel: str) -> None:
-        """Hash a finished file and flush it to disk now, so the commit's fsync overlaps the transfer."""
-        st = (self.staging / rel).stat()
-        self.done[rel] = (st.st_size, st.st_mtime_ns, sha256_file(self.staging / rel, self.stats))
-        with open(self.staging / rel, "rb") as fh:
-            os.fsync(fh.fileno())
+    def _read(self, f: _Follow, end: int) -> None:
+        while f.offset < end:
+            n = os.preadv(f.fd, [self._buf[:min(CHUNK, end - f.offset)]], f.offset)
+            if n <= 0:
+                break
+            f.digest.update(self._buf[:n])
+            f.offset += n
+            self.stats.hashed_bytes += n
+
+    def _close(self, rel: str) -> None:
+        os.close(self._following.pop(rel).fd)
+
+    def _finished(self, rel: str) -> os.stat_result | None:
+        """The file at its staging name when it is complete: the manifest's size and mtime (rsync sets the
+        mtime on its temporary file before renaming it)."""
+        try:
+            st = (self.staging / rel).stat()
+        except FileNotFoundError:
+            return None
+        want = self.wanted[rel]
+        return st if (st.st_size, st.st_mtime_ns) == (want.size, want.mtime_ns) else None
+
+    def _flush(self, rel: str, fd: int, st: os.stat_result, sha256: str) -> None:
+        """Record the hash and flush the file to disk now, so the commit's fsync overlaps the transfer."""
+        os.fsync(fd)
+        self.done[rel] = (st.st_size, st.st_mtime_ns, st.st_ino, sha256)
+
+    def poll(self) -> None:
+        temps = self._temps()
+        for rel, path in temps.items():
+            if rel not in self._following:
+                try:
+                    fd = os.open(path, os.O_RDONLY)
+                except FileNotFoundError:
+                    continue  # renamed meanwhile: hashed below once finished
+                self._following[rel] = _Follow(fd, os.fstat(fd).st_ino)
+        for rel, f in list(self._following.items()):
+            st = self._finished(rel)
+            if st is not None and st.st_ino == f.ino:
+                before = f.offset
+                self._read(f, st.st_size)
+                self.streamed_bytes += before
+                if f.offset == st.st_size:
+                    self.stats.hashed_files += 1
+                    self._flush(rel, f.fd, st, f.digest.hexdigest())
+                self._close(rel)
+            elif rel in temps and _inode(temps[rel]) == f.ino:
+                self._read(f, os.fstat(f.fd).st_size)
+            else:
+                self._close(rel)  # rsync kept it as a partial (killed) or wrote it again under another name
+        for rel in self.wanted:
+            if rel not in self.done and rel not in self._following and self._finished(rel) is not None:
+                with open(self.staging / rel, "rb", buffering=0) as fh:
+                    st = os.fstat(fh.fileno())
+                    if (st.st_size, st.st_mtime_ns) == (self.wanted[rel].size, self.wanted[rel].mtime_ns):
+                        self._flush(rel, fh.fileno(), st, sha256_stream(fh, self.stats))
 
     def run(self) -> None:
         while not self.stop.is_set():
-            for rel in self.ready():
-                self.hash_one(rel)
-            self.stop.wait(0.3)
+            self.poll()
+            self.stop.wait(self.interval_s)
+        self.poll()  # files rsync finished after the last poll
+        for rel in list(self._following):
+            self._close(rel)
 
 
 @dataclass
@@ -658,7 +747,9 @@ def verify_staged(source: Manifest, staging: Path, paths: Iterable[str],
             continue
         st = p.stat()
         pre = verifier.done.get(rel) if verifier else None
-        digest = pre[2] if pre and pre[:2] == (st.st_size, st.st_mtime_ns) else sha256_file(p, stats)
+        digest = pre[3] if pre and pre[:3] == (st.st_size, st.st_mtime_ns, st.st_ino) else ""
+        if digest != f.sha256:  # not hashed during the transfer, or hashed there differently: read it once more
+            digest = sha256_file(p, stats)
         if st.st_size != f.size or digest != f.sha256:
             bad[rel] = f"received {st.st_size} bytes with sha256 {digest[:12]}..., expected {f.size} / {f.sha256[:12]}..."
             p.unlink()
@@ -751,6 +842,7 @@ def sync(opt: SyncOptions) -> dict[str, Any]:
             raise SyncError("; ".join(plan.problems))
         transfers: list[dict[str, Any]] = []
         hashed = ScanStats(hashed_bytes=plan.hashed_bytes, hashed_files=plan.hashed_files)
+        streamed = 0
         pending = plan.of("transfer")
         to_commit = [f.path for f in plan.of("staged")]
         failures: dict[str, str] = {}
@@ -767,6 +859,7 @@ def sync(opt: SyncOptions) -> dict[str, Any]:
                 transfers.append(asdict(t))
             check = to_commit + [f.path for f in pending]
             failures, stats = verify_staged(opt.source, opt.staging, check, verifier)
+            streamed += verifier.streamed_bytes if verifier else 0
             hashed.hashed_bytes += stats.hashed_bytes
             hashed.hashed_files += stats.hashed_files
             to_commit = [p for p in check if p not in failures]
@@ -790,6 +883,7 @@ def sync(opt: SyncOptions) -> dict[str, Any]:
                   "repaired": [f.path for f in plan.files if f.action in ("transfer", "staged")
                                and f.reason != "missing" and not f.reason.startswith("missing")],
                   "transfers": transfers, "hashed_bytes": hashed.hashed_bytes, "hashed_files": hashed.hashed_files,
+                  "hashed_while_receiving": streamed,
                   "seconds": round(time.monotonic() - started, 3), "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
                   **done}
         write_json_atomic(opt.state_file.with_name(f"{opt.name}.sync.json"), report)

@@ -160,6 +160,109 @@ def test_stray_rsync_temp_file_becomes_the_resume_partial(tmp_path: Path) -> Non
     assert not list(staging.glob(".model.safetensors.*"))
 
 
+# --------------------------------------------------------------------------- hashing while rsync receives
+
+class ReceiverStandIn:
+    """Writes a file the way rsync's receiver does (stand-in, no rsync on the controller): into
+    ".<name>.XXXXXX" beside the final name, front to back, then the source mtime, then a rename."""
+
+    def __init__(self, staging: Path, entry: mf.FileEntry, data: bytes, suffix: str = "Ab12Cd") -> None:
+        self.final, self.data, self.entry = staging / entry.path, data, entry
+        self.temp = self.final.with_name(f".{self.final.name}.{suffix}")
+        self.temp.parent.mkdir(parents=True, exist_ok=True)
+        self.fh = open(self.temp, "wb", buffering=0)
+        self.written = 0
+
+    def write(self, n: int) -> None:
+        self.written += self.fh.write(self.data[self.written:self.written + n])
+
+    def finish(self) -> None:
+        self.write(len(self.data))
+        self.fh.close()
+        os.utime(self.temp, ns=(self.entry.mtime_ns, self.entry.mtime_ns))
+        os.replace(self.temp, self.final)
+
+
+def open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+def test_a_file_is_hashed_while_it_is_received_and_not_read_again(model: Path, tmp_path: Path) -> None:
+    src, _ = mf.scan(model)
+    staging = tmp_path / "st" / "M"
+    shard = src.by_path()["model-00001-of-00002.safetensors"]
+    data = (model / shard.path).read_bytes()
+    fds = open_fds()
+    verifier = mf.Verifier(staging, {shard.path: shard})
+    rx = ReceiverStandIn(staging, shard, data)
+    for _ in range(3):
+        rx.write(100_000)
+        verifier.poll()
+    assert verifier.stats.hashed_bytes == 300_000 and shard.path not in verifier.done
+    rx.finish()
+    verifier.poll()
+    assert verifier.done[shard.path][3] == shard.sha256 and verifier.streamed_bytes == 300_000
+    assert open_fds() == fds
+    # The commit's check takes the hash taken during the transfer: no byte is read a second time.
+    failures, stats = mf.verify_staged(src, staging, [shard.path], verifier)
+    assert failures == {} and stats.hashed_bytes == shard.size
+
+
+def test_a_receive_that_stops_or_starts_again_leaves_no_hash_behind(model: Path, tmp_path: Path) -> None:
+    src, _ = mf.scan(model)
+    staging = tmp_path / "st" / "M"
+    shard = src.by_path()["model-00001-of-00002.safetensors"]
+    data = (model / shard.path).read_bytes()
+    fds = open_fds()
+    verifier = mf.Verifier(staging, {shard.path: shard})
+    # Killed: rsync moves its temporary file into the partial directory.
+    first = ReceiverStandIn(staging, shard, data)
+    first.write(120_000)
+    verifier.poll()
+    first.fh.close()
+    (staging / mf.PARTIAL_DIR).mkdir()
+    os.replace(first.temp, staging / mf.PARTIAL_DIR / shard.path)
+    verifier.poll()
+    assert open_fds() == fds and shard.path not in verifier.done
+    # Received again under another temporary name (a resumed run): followed from its start.
+    second = ReceiverStandIn(staging, shard, data, suffix="Zz99Yy")
+    second.write(50_000)
+    verifier.poll()
+    second.finish()
+    verifier.poll()
+    assert verifier.done[shard.path][3] == shard.sha256 and open_fds() == fds
+
+
+def test_a_hash_taken_while_receiving_that_disagrees_is_checked_on_the_finished_file(model: Path,
+                                                                                     tmp_path: Path) -> None:
+    """A writer that goes back into the file (not rsync's way) makes the running hash wrong; the finished file
+    is read once more and judged on its own bytes, never on the running hash."""
+    src, _ = mf.scan(model)
+    staging = tmp_path / "st" / "M"
+    shard = src.by_path()["model-00002-of-00002.safetensors"]
+    data = (model / shard.path).read_bytes()
+    verifier = mf.Verifier(staging, {shard.path: shard})
+    rx = ReceiverStandIn(staging, shard, b"\xff" * 1000 + data[1000:])
+    rx.write(5000)
+    verifier.poll()
+    os.pwrite(rx.fh.fileno(), data[:1000], 0)
+    rx.finish()
+    verifier.poll()
+    assert verifier.done[shard.path][3] != shard.sha256
+    failures, _ = mf.verify_staged(src, staging, [shard.path], verifier)
+    assert failures == {} and (staging / shard.path).exists()
+
+
+def test_a_file_finished_between_two_looks_is_hashed_whole(model: Path, tmp_path: Path) -> None:
+    src, _ = mf.scan(model)
+    staging = tmp_path / "st" / "M"
+    cfg = src.by_path()["config.json"]
+    ReceiverStandIn(staging, cfg, (model / cfg.path).read_bytes()).finish()
+    verifier = mf.Verifier(staging, {cfg.path: cfg})
+    verifier.poll()
+    assert verifier.done[cfg.path][3] == cfg.sha256 and verifier.streamed_bytes == 0
+
+
 # --------------------------------------------------------------------------- free space
 
 def test_free_space_arithmetic_names_the_shortfall() -> None:
