@@ -4,7 +4,8 @@ started by `lab up`), whose snapshots are copies of the lab containers' disks.
 - playbooks/proxmox_snapshot.yml before the alignment of ct129, a change, playbooks/rollback.yml
   -e dflash_rollback=container: the change is gone and ct129 runs again.
 - playbooks/align_driver.yml with dflash_proxmox_guard on ct129 in its incident state: the snapshot is taken right
-  before the apt transaction, and rolling back to it brings the mismatch back.
+  before the apt transaction, the driver is aligned, a second run and a --check run change nothing, and rolling
+  back to the snapshot brings the mismatch back.
 - playbooks/proxmox_audit.yml with a stale nvidia-uvm major injected into pve1:/etc/pve/lxc/200.conf: reported
   with its diff under --check (nothing changes), fixed by a real run, and a second run changes nothing.
 
@@ -131,16 +132,27 @@ def test_align_driver_snapshots_right_before_the_transaction_and_the_rollback_re
     lab.cli_ok("reset", "ct129")
     assert lab.ssh("ct129", "nvidia-smi").returncode == 18
     ct129 = pve.lxc(129)
+    guarded = ("align_driver.yml", "-l", "eval", "-e", "dflash_proxmox_guard=true", *records)
     try:
-        align = playbook("align_driver.yml", "-l", "eval", "-e", "dflash_proxmox_guard=true", *records)
+        started = time.monotonic()
+        align = playbook(*guarded)
+        align_s = time.monotonic() - started
         assert align.returncode == 0, align.stdout[-4000:] + align.stderr
+        assert recap(align.stdout, "ct129")["changed"] > 0
         name = re.search(r"Snapshot (dflash-align-\d{8}-\d{6}) created", align.stdout)[1]
         # The snapshot comes after the plan and the apt simulation, right before the transaction.
         assert align.stdout.index(name) < align.stdout.index("Install the user-space set at the kernel module")
-        assert lab.ssh("ct129", "nvidia-smi").returncode == 0
-        again = playbook("align_driver.yml", "-l", "eval", "-e", "dflash_proxmox_guard=true", *records)
+        smi = lab.ssh("ct129", "nvidia-smi --query-gpu=driver_version --format=csv,noheader")
+        assert smi.returncode == 0 and smi.stdout.split() == ["580.126.09", "580.126.09"]
+        # Aligned: a second run and a --check run change nothing and take no snapshot.
+        started = time.monotonic()
+        again = playbook(*guarded)
+        again_s = time.monotonic() - started
         assert again.returncode == 0 and recap(again.stdout, "ct129")["changed"] == 0, again.stdout[-3000:]
+        check = playbook(*guarded, "--check")
+        assert check.returncode == 0 and recap(check.stdout, "ct129")["changed"] == 0, check.stdout[-3000:]
         assert [s["name"] for s in ct129.snapshot.get() if s["name"].startswith("dflash-")] == [name]
+        print(f"align_driver on the incident (guard on): {align_s:.1f} s; no-op re-run: {again_s:.1f} s")
 
         back = playbook("rollback.yml", "-l", "eval", "-e", "dflash_rollback=container", *records)
         assert back.returncode == 0, back.stdout[-4000:] + back.stderr
