@@ -187,13 +187,17 @@ def open_fds() -> int:
     return len(os.listdir("/proc/self/fd"))
 
 
-def test_a_file_is_hashed_while_it_is_received_and_not_read_again(model: Path, tmp_path: Path) -> None:
+def receiving(model: Path, tmp_path: Path, name: str) -> tuple[mf.Manifest, Path, mf.FileEntry, bytes, mf.Verifier]:
+    """The source manifest, a staging directory, one file's entry and bytes, and a Verifier waiting for it."""
     src, _ = mf.scan(model)
     staging = tmp_path / "st" / "M"
-    shard = src.by_path()["model-00001-of-00002.safetensors"]
-    data = (model / shard.path).read_bytes()
+    entry = src.by_path()[name]
+    return src, staging, entry, (model / name).read_bytes(), mf.Verifier(staging, {name: entry})
+
+
+def test_a_file_is_hashed_while_it_is_received_and_not_read_again(model: Path, tmp_path: Path) -> None:
+    src, staging, shard, data, verifier = receiving(model, tmp_path, "model-00001-of-00002.safetensors")
     fds = open_fds()
-    verifier = mf.Verifier(staging, {shard.path: shard})
     rx = ReceiverStandIn(staging, shard, data)
     for _ in range(3):
         rx.write(100_000)
@@ -209,12 +213,8 @@ def test_a_file_is_hashed_while_it_is_received_and_not_read_again(model: Path, t
 
 
 def test_a_receive_that_stops_or_starts_again_leaves_no_hash_behind(model: Path, tmp_path: Path) -> None:
-    src, _ = mf.scan(model)
-    staging = tmp_path / "st" / "M"
-    shard = src.by_path()["model-00001-of-00002.safetensors"]
-    data = (model / shard.path).read_bytes()
+    _, staging, shard, data, verifier = receiving(model, tmp_path, "model-00001-of-00002.safetensors")
     fds = open_fds()
-    verifier = mf.Verifier(staging, {shard.path: shard})
     # Killed: rsync moves its temporary file into the partial directory.
     first = ReceiverStandIn(staging, shard, data)
     first.write(120_000)
@@ -237,11 +237,7 @@ def test_a_hash_taken_while_receiving_that_disagrees_is_checked_on_the_finished_
                                                                                      tmp_path: Path) -> None:
     """A writer that goes back into the file (not rsync's way) makes the running hash wrong; the finished file
     is read once more and judged on its own bytes, never on the running hash."""
-    src, _ = mf.scan(model)
-    staging = tmp_path / "st" / "M"
-    shard = src.by_path()["model-00002-of-00002.safetensors"]
-    data = (model / shard.path).read_bytes()
-    verifier = mf.Verifier(staging, {shard.path: shard})
+    src, staging, shard, data, verifier = receiving(model, tmp_path, "model-00002-of-00002.safetensors")
     rx = ReceiverStandIn(staging, shard, b"\xff" * 1000 + data[1000:])
     rx.write(5000)
     verifier.poll()
@@ -254,11 +250,8 @@ def test_a_hash_taken_while_receiving_that_disagrees_is_checked_on_the_finished_
 
 
 def test_a_file_finished_between_two_looks_is_hashed_whole(model: Path, tmp_path: Path) -> None:
-    src, _ = mf.scan(model)
-    staging = tmp_path / "st" / "M"
-    cfg = src.by_path()["config.json"]
-    ReceiverStandIn(staging, cfg, (model / cfg.path).read_bytes()).finish()
-    verifier = mf.Verifier(staging, {cfg.path: cfg})
+    _, staging, cfg, data, verifier = receiving(model, tmp_path, "config.json")
+    ReceiverStandIn(staging, cfg, data).finish()
     verifier.poll()
     assert verifier.done[cfg.path][3] == cfg.sha256 and verifier.streamed_bytes == 0
 
