@@ -2,6 +2,11 @@
 """Benchmark of the model sync on the lab (not a test): full sync vs a raw `rsync -a` of the same bytes between
 the same containers, the no-op re-sync, and the bytes re-sent when resuming after a kill at about 50%.
 
+The full sync is measured twice, with the source read from the page cache (as on production, where the source
+does not share the destination's disk; the lab's containers do) and from disk, each against raw `rsync -a`,
+raw `rsync -a` + `sync`, and (page cache only) a floor: raw `rsync -a` + `sync` with a sha256 of the same bytes
+running beside it, the least any copy that checks every byte and has it on disk takes on this machine.
+
     make bench-sync                       # or: .venv/bin/python tools/bench_sync.py [--target-gib 4] [--draft-gib 0.5]
 
 Fixtures of a few GB are written with lab/kit/make_models.py into .cache/bench-models, hard-linked into
@@ -192,12 +197,12 @@ def warm_source() -> None:
 
 
 def floor_rsync() -> float:
-    """`rsync -a` while the same bytes are hashed by sha256 beside it: what any copy that checks every byte
-    against the manifest needs at least on this machine (the hashing takes CPU time the transfer also wants).
-    Only with the source in the page cache (the hashing must not add disk reads)."""
+    """`rsync -a`, then `sync`, while the same bytes are hashed by sha256 beside it: the least that any copy
+    which checks every byte against the manifest and has it on disk takes on this machine (the hashing wants
+    CPU time the transfer also wants). Only with the source in the page cache (the hashing adds no disk reads)."""
     hasher = subprocess.Popen([sys.executable, "-c", _HASH_BESIDE, *fixture_files()])
     try:
-        return raw_rsync()
+        return raw_rsync(flush=True)
     finally:
         if hasher.wait() != 0:
             raise SystemExit(f"bench: the sha256 beside the raw rsync exited {hasher.returncode}")
@@ -260,8 +265,8 @@ def report(m: Measured, total: int) -> None:
     print(f"  raw rsync -a, then sync (bytes on disk):          {m.raw_flushed:7.2f} s  {mb_s(total, m.raw_flushed)}"
           f"  (runs {fmt(m.flushed)})")
     if m.floors:
-        print(f"  raw rsync -a with sha256 of the bytes beside it:  {m.floor:7.2f} s  ratio {m.floor / m.raw:.3f}"
-              f"  (runs {fmt(m.floors)}; the least a sha256-verified copy takes on this machine)")
+        print(f"  floor: raw rsync -a + sync, sha256 beside it:     {m.floor:7.2f} s  ratio {m.floor / m.raw:.3f}"
+              f"  (runs {fmt(m.floors)}; the least a copy verified by sha256 and on disk takes here)")
     print(f"  sync tool (plan, rsync, sha256 verify, commit):   {m.tool:7.2f} s  ratio {m.tool / m.raw:.3f}, "
           f"{m.tool / m.raw_flushed:.3f} against raw + sync" + (f", {m.tool / m.floor:.3f} against the floor"
                                                                 if m.floors else "") + f"  (runs {fmt(m.tools)})")
