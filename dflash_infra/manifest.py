@@ -539,15 +539,18 @@ class Verifier(threading.Thread):
     def _close(self, rel: str) -> None:
         os.close(self._following.pop(rel).fd)
 
+    def _complete(self, rel: str, st: os.stat_result) -> bool:
+        """The manifest's size and mtime at the staging name: complete (rsync sets the mtime on its temporary
+        file before renaming it)."""
+        return (st.st_size, st.st_mtime_ns) == (self.wanted[rel].size, self.wanted[rel].mtime_ns)
+
     def _finished(self, rel: str) -> os.stat_result | None:
-        """The file at its staging name when it is complete: the manifest's size and mtime (rsync sets the
-        mtime on its temporary file before renaming it)."""
+        """The file at its staging name when it is complete."""
         try:
             st = (self.staging / rel).stat()
         except FileNotFoundError:
             return None
-        want = self.wanted[rel]
-        return st if (st.st_size, st.st_mtime_ns) == (want.size, want.mtime_ns) else None
+        return st if self._complete(rel, st) else None
 
     def _flush(self, rel: str, fd: int, st: os.stat_result, sha256: str) -> None:
         """Record the hash and flush the file to disk now, so the commit's fsync overlaps the transfer."""
@@ -578,11 +581,16 @@ class Verifier(threading.Thread):
             else:
                 self._close(rel)  # rsync kept it as a partial (killed) or wrote it again under another name
         for rel in self.wanted:
-            if rel not in self.done and rel not in self._following and self._finished(rel) is not None:
-                with open(self.staging / rel, "rb", buffering=0) as fh:
-                    st = os.fstat(fh.fileno())
-                    if (st.st_size, st.st_mtime_ns) == (self.wanted[rel].size, self.wanted[rel].mtime_ns):
-                        self._flush(rel, fh.fileno(), st, sha256_stream(fh, self.stats))
+            if rel in self.done or rel in self._following:
+                continue
+            try:
+                fh = open(self.staging / rel, "rb", buffering=0)
+            except FileNotFoundError:
+                continue
+            with fh:
+                st = os.fstat(fh.fileno())
+                if self._complete(rel, st):
+                    self._flush(rel, fh.fileno(), st, sha256_stream(fh, self.stats))
 
     def run(self) -> None:
         while not self.stop.is_set():

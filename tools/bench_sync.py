@@ -171,17 +171,10 @@ def raw_rsync(flush: bool = False) -> float:
     return float(out.strip().splitlines()[-1])
 
 
-# The sync tool's way of hashing (dflash_infra/manifest.py: 8 MiB reads into hashlib.sha256), run on the host
-# over the fixture files, which are the source's files (hard links, so the same page cache).
-_HASH_BESIDE = """
-import hashlib, sys
-buf = memoryview(bytearray(8 << 20))
-for path in sys.argv[1:]:
-    h = hashlib.sha256()
-    with open(path, "rb", buffering=0) as fh:
-        while n := fh.readinto(buf):
-            h.update(buf[:n])
-"""
+# The sync tool's own hashing (dflash_infra/manifest.py scan, no cache), run on the host over the fixture
+# directories, whose files are the source's files (hard links, so the same page cache).
+_HASH_BESIDE = "import sys; from pathlib import Path; from dflash_infra import manifest; " \
+               "[manifest.scan(Path(root)) for root in sys.argv[1:]]"
 
 
 def fixture_files() -> list[str]:
@@ -200,7 +193,7 @@ def floor_rsync() -> float:
     """`rsync -a`, then `sync`, while the same bytes are hashed by sha256 beside it: the least that any copy
     which checks every byte against the manifest and has it on disk takes on this machine (the hashing wants
     CPU time the transfer also wants). Only with the source in the page cache (the hashing adds no disk reads)."""
-    hasher = subprocess.Popen([sys.executable, "-c", _HASH_BESIDE, *fixture_files()])
+    hasher = subprocess.Popen([sys.executable, "-c", _HASH_BESIDE, *(str(CACHE / n) for n in NAMES)], cwd=REPO)
     try:
         return raw_rsync(flush=True)
     finally:
