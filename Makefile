@@ -11,6 +11,8 @@ SETUP_INPUTS := pyproject.toml constraints.txt
 export PATH := $(abspath $(BIN)):$(PATH)
 export ANSIBLE_CONFIG := $(abspath ansible.cfg)
 PLAYBOOKS := deploy_dflash.yml $(wildcard playbooks/*.yml)
+# What mypy checks strictly (pyproject.toml [tool.mypy]); library/ and module_utils/ once they exist.
+TYPED := $(wildcard dflash_infra library module_utils action_plugins callback_plugins)
 PYTEST_ARGS ?= --durations=15
 
 .PHONY: help setup lock sglang-env sglang-flags lint syntax test test-unit plan bench-plan bench-sync bench-deploy device-check lab-wheels lab-up lab-down lab-status demo clean
@@ -39,7 +41,9 @@ sglang-env: setup ## cached venv with the real SGLang argument parsers (.cache/s
 sglang-flags: sglang-env ## re-extract the SGLang flag tables from the real wheels
 	$(BIN)/python tools/extract_sglang_flags.py
 
-lint: setup ## yamllint, ansible-lint (production profile), syntax-check of every playbook
+lint: setup ## ruff, mypy --strict, yamllint, ansible-lint (production profile), syntax-check of every playbook
+	$(BIN)/ruff check .
+	$(BIN)/mypy $(TYPED)
 	$(BIN)/yamllint -s .
 	$(BIN)/ansible-lint --offline -q
 	$(MAKE) --no-print-directory syntax
@@ -85,4 +89,4 @@ demo: lab-up ## rehearse the production deploy against the lab
 	$(BIN)/ansible-playbook deploy_dflash.yml -i inventory/lab -l pro6000
 
 clean: ## remove the venv and caches (the lab must be down)
-	rm -rf $(VENV) .pytest_cache .hypothesis
+	rm -rf $(VENV) .pytest_cache .hypothesis .mypy_cache .ruff_cache

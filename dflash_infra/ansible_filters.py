@@ -6,7 +6,8 @@ Every filter plugin in filter_plugins/ is a table of names over this; the plugin
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable, Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 
 def as_filters(functions: Mapping[str, Callable[..., Any]]) -> dict[str, Callable[..., Any]]:

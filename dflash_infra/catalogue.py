@@ -6,7 +6,7 @@ Lets a plan be made from model names alone, on the controller, before any host i
 from __future__ import annotations
 
 import json
-from functools import lru_cache
+from functools import cache
 from typing import Any
 
 from dflash_infra.engine import DATA
@@ -15,10 +15,11 @@ from dflash_infra.models import dtype_bytes
 MODELS = DATA / "models"
 
 
-@lru_cache(maxsize=None)
+@cache
 def published() -> dict[str, Any]:
     """The published weight-file manifest (data/models/published-files.json)."""
-    return json.loads((MODELS / "published-files.json").read_text())
+    manifest: dict[str, Any] = json.loads((MODELS / "published-files.json").read_text())
+    return manifest
 
 
 def known_models() -> list[str]:
@@ -30,7 +31,8 @@ def config(name: str) -> dict[str, Any]:
     path = MODELS / name / "config.json"
     if not path.is_file():
         raise KeyError(f"model {name!r} is not in the catalogue; known: {', '.join(known_models())}")
-    return json.loads(path.read_text())
+    loaded: dict[str, Any] = json.loads(path.read_text())
+    return loaded
 
 
 def weights_bytes(name: str) -> int | None:

@@ -9,8 +9,8 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Sequence
 
 import yaml
 
@@ -50,9 +50,21 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     return 2 if result["errors"] else 0
 
 
+# Kinds whose files each describe one item, so several files parse into a list (one GPU per file).
+_PER_FILE_KINDS = ("gpu-info",)
+
+
 def _cmd_parse(args: argparse.Namespace) -> int:
-    text, label = _read(args.file)
-    print(json.dumps(parsers.parse_text(args.kind, text, label, _fields(args.fields)), indent=2))
+    fields = _fields(args.fields)
+    if args.kind in _PER_FILE_KINDS:
+        results = [parsers.parse_text(args.kind, *_read(path), fields) for path in args.files]
+        print(json.dumps(results, indent=2))
+        return 0
+    if len(args.files) != 1:
+        raise parsers.ParseError(f"parse {args.kind}", f"expected one input file, found {len(args.files)} "
+                                 f"(only {', '.join(_PER_FILE_KINDS)} reads several)")
+    text, label = _read(args.files[0])
+    print(json.dumps(parsers.parse_text(args.kind, text, label, fields), indent=2))
     return 0
 
 
@@ -65,7 +77,9 @@ def build_parser() -> argparse.ArgumentParser:
     p_plan.set_defaults(func=_cmd_plan)
     p_parse = sub.add_parser("parse", help="parse nvidia-smi / driver output into JSON")
     p_parse.add_argument("kind", choices=list(parsers.PARSERS))
-    p_parse.add_argument("file", help="captured output, or - for stdin")
+    p_parse.add_argument("files", nargs="+", metavar="FILE",
+                         help="captured output, or - for stdin; gpu-info takes one information file per GPU "
+                              "(/proc/driver/nvidia/gpus/*/information) and prints a list")
     p_parse.add_argument("--fields", help="column names of header-less CSV input, comma separated")
     p_parse.set_defaults(func=_cmd_parse)
     return parser
@@ -73,8 +87,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    command: Callable[[argparse.Namespace], int] = args.func
     try:
-        return args.func(args)
+        return command(args)
     except parsers.ParseError as exc:
         print(f"dflash-infra: {exc}", file=sys.stderr)
         return 2

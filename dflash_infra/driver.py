@@ -10,9 +10,10 @@ removes something it was not asked to. Pure functions; the nvidia_userspace role
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from functools import cmp_to_key
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any
 from urllib.parse import unquote
 
 from dflash_infra.parsers import (
@@ -153,7 +154,7 @@ class Library:
 
 @dataclass
 class UserspaceProbe:
-    """What gpu_facts' user-space probe printed: architecture, NVIDIA packages, driver libraries."""
+    """What the host_state user-space probe printed: architecture, NVIDIA packages, driver libraries."""
 
     arch: str | None
     packages: list[DpkgPackage]
@@ -168,7 +169,7 @@ class UserspaceProbe:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> UserspaceProbe:
-        """Back from to_dict() (what the gpu_facts_userspace fact holds)."""
+        """Back from to_dict() (what host_state.userspace holds)."""
         packages = [DpkgPackage(package=p["package"], version=p.get("version") or "", upstream=p.get("upstream"),
                                 status=p.get("status"), arch=p.get("arch")) for p in data.get("packages", [])]
         libraries = [Library(soname=lib["soname"], path=lib["path"], resolved=lib["resolved"],
@@ -177,7 +178,7 @@ class UserspaceProbe:
 
 
 def parse_userspace_probe(text: str, source: str = "user-space probe") -> UserspaceProbe:
-    """Tab-separated records of roles/gpu_facts/files/userspace_probe.sh: 'arch', 'pkg' and 'lib' lines."""
+    """Tab-separated records of module_utils/dflash_state/userspace.py: 'arch', 'pkg' and 'lib' lines."""
     arch: str | None = None
     pkg_lines: list[str] = []
     libraries: list[Library] = []
@@ -219,7 +220,7 @@ def smi_status(rc: int | None, stdout: str = "", stderr: str = "", msg: str = ""
 
 
 # ---------------------------------------------------------------------------------------------
-# The driver state (what gpu_facts reports)
+# The driver state (host_state.driver)
 # ---------------------------------------------------------------------------------------------
 
 
@@ -471,9 +472,9 @@ def plan_alignment(
 
     arch = probe.arch
     offers: dict[str, list[Candidate]] = {}
-    for cand in [c for c in map(parse_deb_filename, deb_paths) if c] + list(apt_candidates):
-        if cand.arch in (None, "all", arch) or arch is None:
-            offers.setdefault(cand.package, []).append(cand)
+    for offer in [c for c in map(parse_deb_filename, deb_paths) if c] + list(apt_candidates):
+        if offer.arch in (None, "all", arch) or arch is None:
+            offers.setdefault(offer.package, []).append(offer)
 
     matching = {name: [c for c in offers.get(name, []) if _upstream_or_none(c) == kernel] for name in plan.package_set}
     preferred = _preferred_version(matching)
@@ -536,6 +537,34 @@ def plan_alignment(
     return plan
 
 
+def plan_request(request: Mapping[str, Any]) -> Json:
+    """The alignment plan from a request dict (kernel_module, probe, smi, debs, apt_candidates (madison text),
+    deny (added to the deny list), deb_dirs, missing_hint, apt_searched), as the role and tests pass it."""
+    madison = request.get("apt_candidates")
+    plan = plan_alignment(
+        request.get("kernel_module"),
+        UserspaceProbe.from_dict(request["probe"]),
+        request.get("smi") or {},
+        deb_paths=list(request.get("debs") or []),
+        apt_candidates=parse_madison(madison) if madison else [],
+        deny=DENY_PATTERNS + tuple(request.get("deny") or ()),
+        deb_dirs=list(request.get("deb_dirs") or ["/var/cache/apt/archives"]),
+        missing_hint=request.get("missing_hint") or DEFAULT_MISSING_HINT,
+        apt_searched=bool(request.get("apt_searched")),
+    )
+    return plan.to_dict()
+
+
+def plan_from_state(state: Mapping[str, Any], deny: Sequence[str] = (), deb_dirs: Sequence[str] | None = None,
+                    missing_hint: str = "", madison: str | None = None) -> Json:
+    """The alignment plan for one host from its host_state; `madison` is apt-cache madison's answer once the
+    package folders lacked something (None: not asked yet)."""
+    return plan_request({"kernel_module": state.get("kernel_module"), "probe": state.get("userspace") or {},
+                         "smi": state.get("smi") or {}, "debs": sorted(state.get("debs") or []), "deny": list(deny),
+                         "deb_dirs": deb_dirs, "missing_hint": missing_hint, "apt_candidates": madison,
+                         "apt_searched": madison is not None})
+
+
 def _preferred_version(matching: Mapping[str, Sequence[Candidate]]) -> str | None:
     """The full version (one Debian revision) that covers most of the set, the highest on a tie.
 
@@ -547,7 +576,10 @@ def _preferred_version(matching: Mapping[str, Sequence[Candidate]]) -> str | Non
             coverage[version] = coverage.get(version, 0) + 1
     if not coverage:
         return None
-    return max(coverage, key=cmp_to_key(lambda a, b: (coverage[a] - coverage[b]) or compare_versions(a, b)))
+    def by_coverage_then_version(a: str, b: str) -> int:
+        return (coverage[a] - coverage[b]) or compare_versions(a, b)
+
+    return max(coverage, key=cmp_to_key(by_coverage_then_version))
 
 
 def _upstream_or_none(cand: Candidate) -> str | None:

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 import yaml
 
@@ -37,7 +38,7 @@ def release_of(version: str) -> str:
     return ".".join(str(p) for p in parse_version(version)[:3])
 
 
-@lru_cache(maxsize=None)
+@cache
 def supported_releases() -> tuple[str, ...]:
     """Releases with both an extracted flag table and a settings entry, newest first."""
     settings = _settings()
@@ -57,12 +58,12 @@ class FlagTable:
         return flag in self.visible
 
     @classmethod
-    def from_options(cls, version: str, options: Iterable[str]) -> "FlagTable":
+    def from_options(cls, version: str, options: Iterable[str]) -> FlagTable:
         """A table from a plain list of option strings, e.g. the installed engine's own --help."""
         return cls(version, frozenset(options), frozenset())
 
 
-@lru_cache(maxsize=None)
+@cache
 def flag_table(version: str) -> FlagTable:
     """The extracted table of a supported release."""
     release = release_of(version)
@@ -70,15 +71,17 @@ def flag_table(version: str) -> FlagTable:
     if not path.is_file():
         raise KeyError(release)
     data = json.loads(path.read_text())
-    visible, hidden = set(), set()
+    visible: set[str] = set()
+    hidden: set[str] = set()
     for option in data["options"]:
         (hidden if option.get("help_suppressed") else visible).update(option["option_strings"])
     return FlagTable(release, frozenset(visible), frozenset(hidden - visible))
 
 
-@lru_cache(maxsize=None)
+@cache
 def _settings() -> dict[str, Any]:
-    return yaml.safe_load((DATA / "sglang_settings.yml").read_text())
+    settings: dict[str, Any] = yaml.safe_load((DATA / "sglang_settings.yml").read_text())
+    return settings
 
 
 def setting_flags(version: str) -> dict[str, str]:

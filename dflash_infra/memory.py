@@ -124,5 +124,5 @@ def mamba_pool(rest_bytes: float, per_req: int, full_memory_ratio: float, draft_
 
 def round_down(value: float, places: int = 3) -> float:
     """Round toward zero so a fraction never promises more memory than computed."""
-    factor = 10**places
+    factor: int = 10**places
     return math.floor(value * factor) / factor

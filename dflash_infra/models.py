@@ -5,8 +5,9 @@ Only the facts the planner needs are extracted, so that a new model family is on
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 DTYPE_BYTES: dict[str, int] = {
     "bfloat16": 2,

@@ -7,7 +7,8 @@ naming both, never discovered later by an engine crash.
 from __future__ import annotations
 
 from collections import Counter
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 # nvidia-smi reports memory.total a few MiB apart across driver builds and board revisions; ECC moves it
 # by several GiB (an A6000 shows 46068 MiB with ECC on, 49140 MiB off), which must be noticed.
@@ -48,6 +49,26 @@ def hardware_problems(host: str, group: str, hardware: Mapping[str, Any],
             + ". Refusing to deploy. Check -l / inventory."]
 
 
+def identity_problems(host: str, hardware: Mapping[str, Any], identity: Mapping[str, Any]) -> list[str]:
+    """Why the host's GPUs are not its group's, from nvidia-smi or, when NVML cannot run (a driver/library
+    mismatch), from the kernel module's /proc information files: model and count only, memory unreadable."""
+    source = str(identity.get("source") or "none")
+    gpus = list(identity.get("gpus") or [])
+    group = str(hardware.get("group") or "?")
+    if source == "nvidia-smi":
+        return hardware_problems(host, group, hardware, gpus)
+    if not gpus:
+        return [f"{host}: no GPU is visible, neither to nvidia-smi nor in /proc/driver/nvidia/gpus; group {group} "
+                f"expects {expected_text(hardware)}. Refusing to deploy. Check the container's GPU passthrough."]
+    want_name = str(hardware["gpu_name"])
+    names = Counter(str(g.get("name")) for g in gpus)
+    if len(gpus) == int(hardware["gpu_count"]) and all(n.startswith(want_name) for n in names):
+        return []
+    found = ", ".join(f"{n}x {name}" for name, n in names.items())
+    return [f"{host} has {found} (read from {source}: nvidia-smi cannot run); group {group} expects "
+            f"{expected_text(hardware)}. Refusing to deploy. Check -l / inventory."]
+
+
 # NCCL keeps its intra-node buffers in /dev/shm; container runtimes default to 64 MiB, which breaks TP > 1.
 MIN_SHM_BYTES_PER_RANK = 512 * 1024 * 1024
 
@@ -74,6 +95,25 @@ def port_problems(host: str, port: int, listeners: Sequence[Mapping[str, Any]], 
     who = ", ".join(f"{e.get('process') or '?'} (pid {e.get('pid') or '?'})" for e in strangers)
     return [f"{host}: port {port} is held by {who}, which is not the engine service this deploy manages. "
             "Stop that server (or choose another dflash_service_port) and re-run."]
+
+
+def holder_problems(host: str, port: int, holders: Sequence[Mapping[str, Any]], unit: str) -> list[str]:
+    """The port's listeners (dflash_host_state: pid, process, unit) must all belong to our engine's unit."""
+    strangers = [h for h in holders if h.get("unit") != unit]
+    if not strangers:
+        return []
+    who = ", ".join(f"{h.get('process') or '?'} (pid {h.get('pid') or '?'}"
+                    + (f", unit {h['unit']}" if h.get("unit") else "") + ")" for h in strangers)
+    return [f"{host}: port {port} is held by {who}, which is not the engine service this deploy manages "
+            f"({unit}). Stop that server (or choose another dflash_service_port) and re-run."]
+
+
+def serving_problems(host: str, state: Mapping[str, Any], tp: int, port: int, unit: str) -> list[str]:
+    """Host checks that need the plan: /dev/shm for the TP group's NCCL buffers and the engine port."""
+    shm = (state.get("system") or {}).get("shm") or {}
+    shm_bytes = shm.get("size_bytes") if shm.get("mounted") else None
+    holders = (state.get("ports") or {}).get(str(port)) or []
+    return shm_problems(host, int(tp), shm_bytes) + holder_problems(host, int(port), holders, unit)
 
 
 def parse_ss_listeners(text: str) -> list[dict[str, Any]]:

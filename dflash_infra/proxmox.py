@@ -344,7 +344,8 @@ def _missing_rules(uncovered: Sequence[Device]) -> list[Finding]:
     """One canonical 'c <major>:* rwm' line per major whose devices no rule allows."""
     by_line: dict[str, list[str]] = {}
     for d in uncovered:
-        by_line.setdefault(allow_line(d.major), []).append(f"{d.name} ({d.major}:{'*' if d.minor is None else d.minor})")
+        minor = "*" if d.minor is None else d.minor
+        by_line.setdefault(allow_line(d.major), []).append(f"{d.name} ({d.major}:{minor})")
     return [Finding(line, "not allowed by any cgroup2 device rule: " + ", ".join(names))
             for line, names in by_line.items()]
 
@@ -352,7 +353,7 @@ def _missing_rules(uncovered: Sequence[Device]) -> list[Finding]:
 def _covered(device: Device, rules: Sequence[CgroupRule]) -> bool:
     """A device node is usable when a rule covers it (a folder of nodes needs the whole major)."""
     if device.minor is None:
-        return any(r.kind == "a" or r.covers(device.major, 0) and r.minor is None for r in rules)
+        return any(r.kind == "a" or (r.covers(device.major, 0) and r.minor is None) for r in rules)
     return any(r.covers(device.major, device.minor) for r in rules)
 
 
@@ -414,19 +415,19 @@ def _audit_mounts(config: LxcConfig, needed: Sequence[Device], passed: set[str],
         if key != MOUNT_ENTRY:
             continue
         entry = parse_mount_entry(value)
-        device = entry.device if entry else None
-        if entry is None or device is None or not device.startswith("nvidia"):
+        mounted = entry.device if entry else None
+        if entry is None or mounted is None or not mounted.startswith("nvidia"):
             continue
         line = f"{key}: {value}"
-        if device in by_device:
-            audit.stale.append(Finding(line, f"a second mount of dev/{device}", index))
+        if mounted in by_device:
+            audit.stale.append(Finding(line, f"a second mount of dev/{mounted}", index))
             continue
-        gpu = re.fullmatch(r"nvidia(\d+)", device)
+        gpu = re.fullmatch(r"nvidia(\d+)", mounted)
         if gpu and int(gpu[1]) not in gpu_indexes:
             audit.stale.append(Finding(
                 line, f"GPU {gpu[1]} is not one of this container's GPUs ({_ranges(gpu_indexes)})", index))
             continue
-        by_device[device] = entry
+        by_device[mounted] = entry
     for device in needed:
         entry = by_device.get(device.name)
         if device.name in passed:
@@ -542,7 +543,7 @@ def snapshot_name(prefix: str, stage: str, when: datetime | str) -> str:
     return name
 
 
-def _snapshots(listing: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+def _snapshots(listing: object) -> list[Mapping[str, Any]]:
     """The snapshots of GET .../snapshot, without the 'current' entry (the running state)."""
     if not isinstance(listing, Sequence) or isinstance(listing, (str, bytes)):
         raise ProxmoxError(f"expected the list of GET .../lxc/<vmid>/snapshot, found {type(listing).__name__}")
@@ -558,7 +559,8 @@ def ours(listing: Sequence[Mapping[str, Any]], prefix: str) -> list[Mapping[str,
 def snapshots_to_prune(listing: Sequence[Mapping[str, Any]], prefix: str, keep: int) -> list[str]:
     """Names of our snapshots beyond the newest `keep` (others' snapshots are never touched)."""
     if keep < 1:
-        raise ProxmoxError(f"expected proxmox_guest_snapshot_keep >= 1 (the newest is the rollback point), found {keep}")
+        raise ProxmoxError("expected proxmox_guest_snapshot_keep >= 1 (the newest is the rollback point), "
+                           f"found {keep}")
     mine = ours(listing, prefix)
     return [str(s["name"]) for s in mine[:max(0, len(mine) - keep)]]
 

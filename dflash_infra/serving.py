@@ -8,9 +8,11 @@ tasks only render what comes back.
 from __future__ import annotations
 
 import re
-from typing import Any, Iterable, Mapping
+from collections.abc import Iterable, Mapping
+from typing import Any
 
-from dflash_infra import engine, enginelog
+from dflash_infra import engine
+from dflash_infra.parsers import engine_log
 
 # Oldest kernel module major that runs a CUDA major's user-space runtime (NVIDIA's CUDA release notes,
 # "minimum required driver version"; FACTS.md: CUDA 13 wheels need >= 580).
@@ -100,12 +102,108 @@ def driver_problems(kernel_module: str | None, cuda_version: str | None) -> list
     return []
 
 
+def driver_ready_problems(driver_state: Mapping[str, Any] | None) -> list[str]:
+    """Why the engine cannot be served on this driver yet: the user space must equal the kernel module, or be
+    provided by a container runtime (not package managed)."""
+    state = driver_state or {}
+    if state.get("status") in ("aligned", "not_package_managed"):
+        return []
+    return [f"the NVIDIA user space is not ready to serve ({state.get('status') or 'not probed'}: "
+            f"{state.get('reason') or 'no driver summary'}); align it first (playbooks/align_driver.yml, or the whole "
+            "deploy_dflash.yml, which aligns before it serves)"]
+
+
 def probe_host(listen: str) -> str:
     """Where the gates on the host itself reach the engine: its own address, or loopback for a wildcard."""
     listen = str(listen or "").strip()
     if listen in ("", "0.0.0.0", "::", "[::]", "*"):
         return "127.0.0.1"
     return f"[{listen}]" if ":" in listen and not listen.startswith("[") else listen
+
+
+UNIT_DIR = "/etc/systemd/system"
+HELPERS = ("sglang-launch", "sglang-ready", "verify-unit")
+
+
+def service_paths(name: str, env_dir: str, state_dir: str, libexec_dir: str) -> dict[str, str]:
+    """Every path of one engine service on the host, derived once: the unit, its secrets file, the record,
+    the unit snapshots and last-good pointer, and the helpers (launcher, readiness probe, unit validator)."""
+    if not re.fullmatch(r"[A-Za-z0-9@_.:-]+\.service", str(name)):
+        raise ServingError(f"service name: expected a systemd unit name ending in .service, found {name!r}")
+    stem = str(name)[: -len(".service")]
+    return {"unit": f"{UNIT_DIR}/{name}", "env_file": f"{env_dir}/{stem}.env", "env_dir": env_dir,
+            "stem": stem, "state_dir": state_dir, "record": f"{state_dir}/deployment.json",
+            "units_dir": f"{state_dir}/units", "last_good": f"{state_dir}/units/last-good",
+            "libexec_dir": libexec_dir, **{h.replace("-", "_"): f"{libexec_dir}/{h}" for h in HELPERS}}
+
+
+def _canonical(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", str(name)).lower()
+
+
+def engine_status(state: Mapping[str, Any], venv: str, name: str, version: str) -> dict[str, Any]:
+    """Whether the engine must be installed, and the capabilities the engine role cached for the installed
+    release (None when the cache is missing or for another release), from host_state's venvs section."""
+    seen = (state.get("venvs") or {}).get(venv) or {}
+    installed = (seen.get("distributions") or {}).get(_canonical(name)) if seen.get("python") else None
+    cache = seen.get("capabilities") or {}
+    caps = cache.get("json") if cache.get("exists") else None
+    valid = isinstance(caps, Mapping) and caps.get("name") == name and caps.get("version") == installed
+    if installed is None:
+        reason = f"{name} is not installed in {venv}" if seen.get("python") else f"{venv} has no Python"
+    elif installed != version:
+        reason = f"{venv} holds {name} {installed}, the pin is {version}"
+    else:
+        reason = f"{name} {version} is installed in {venv}"
+    return {"installed_version": installed, "needs_install": installed != version, "reason": reason,
+            "capabilities": dict(caps) if valid and isinstance(caps, Mapping) else None}
+
+
+def engine_problems(state: Mapping[str, Any], installed: Mapping[str, Any], argv: Iterable[str],
+                    check_mode: bool = False) -> list[str]:
+    """Everything that keeps the installed engine from serving the plan here: a driver that is not ready (not
+    judged under check mode, where an alignment would have happened first), a kernel module too old for its
+    CUDA build, and the plan's flags it does not accept (once it has been asked)."""
+    problems = [] if check_mode else driver_ready_problems(state.get("driver"))
+    problems += driver_problems((state.get("kernel_module") or {}).get("version") or "", installed.get("cuda"))
+    if installed.get("probed"):
+        problems += capability_problems(argv, installed.get("flags") or [], str(installed.get("name")),
+                                        str(installed.get("version")))
+    return problems
+
+
+SERVICE_DIRS = (("libexec_dir", "0755"), ("state_dir", "0755"), ("units_dir", "0700"), ("env_dir", "0700"))
+
+
+def service_todo(state: Mapping[str, Any], paths: Mapping[str, str], unit: str, account: Mapping[str, str],
+                 helper_sha256: Mapping[str, str]) -> dict[str, Any]:
+    """What the service role must do besides the unit and its secrets, from host_state: create the group or the
+    account (user, group, home; shell nologin), the folders (mode, root-owned), install helpers whose content
+    differs, enable the unit at boot, start it. `any` says whether anything at all is to be done."""
+    from dflash_infra import host_state  # the state's readers; imported here to keep serving free of a cycle
+
+    accounts = state.get("accounts") or {}
+    group = (accounts.get("groups") or {}).get(account["group"])
+    user = (accounts.get("users") or {}).get(account["user"])
+    props = (state.get("units") or {}).get(unit) or {}
+    todo: dict[str, Any] = {
+        "group": group is None,
+        "user": user is None or user.get("home") != account["home"] or user.get("shell") != "/usr/sbin/nologin"
+        or group is None or user.get("gid") != group.get("gid"),
+        "dirs": [{"path": paths[key], "mode": mode} for key, mode in SERVICE_DIRS
+                 if not host_state.dir_matches(state, paths[key], mode, "root", "root")],
+        "helpers": [name for name, sha in helper_sha256.items() if not host_state.file_matches(
+            state, f"{paths['libexec_dir']}/{name}", sha, "0755", "root", "root")],
+        "enable": props.get("UnitFileState") != "enabled",
+        "start": props.get("ActiveState") != "active",
+    }
+    todo["any"] = any(bool(v) for v in todo.values())
+    return todo
+
+
+def base_url(serve: Mapping[str, Any]) -> str:
+    """http://<where the host reaches it>:<port> of an engine listening as `serve` says ({host, port})."""
+    return f"http://{probe_host(str(serve.get('host') or ''))}:{int(serve['port'])}"
 
 
 def unit_argv(python: str, launcher: str, module: str, argv: Iterable[str]) -> list[list[str]]:
@@ -159,7 +257,7 @@ def systemd_environment(env: Mapping[str, Any]) -> list[str]:
 def record(*, plan: Mapping[str, Any], engine_info: Mapping[str, Any], models: Mapping[str, Any],
            driver: Mapping[str, Any], unit: Mapping[str, Any], deployed_at: str, journal: str,
            previous: Mapping[str, Any] | None, gates: Mapping[str, Any] | None = None,
-           tolerance: float = enginelog.DEFAULT_TOLERANCE) -> dict[str, Any]:
+           tolerance: float = engine_log.DEFAULT_TOLERANCE) -> dict[str, Any]:
     """The deployment record (ARCHITECTURE.md contract) with the engine's measured memory next to the plan.
 
     `previous` keeps the record this one replaces, without its own `previous`, so the file stays bounded.
@@ -178,11 +276,22 @@ def record(*, plan: Mapping[str, Any], engine_info: Mapping[str, Any], models: M
         "unit_sha256": unit.get("sha256"),
         "unit_backup": unit.get("backup"),
         "gpu_ids": list(plan.get("gpu_ids") or []),
-        "engine_memory": enginelog.measure(journal, plan, tolerance),
+        "engine_memory": engine_log.measure(journal, plan, tolerance),
         "gates": dict(gates or {}),
         "deployed_at": deployed_at,
         "previous": previous_record,
     }
+
+
+def rolled_back_record(current: Mapping[str, Any], rolled_back_at: str) -> dict[str, Any]:
+    """The record after an on-demand rollback: the previous deployment made current again, with the time of the
+    rollback, and the replaced record (without its own `previous`) kept under `previous`."""
+    previous = current.get("previous")
+    if not isinstance(previous, Mapping) or not previous.get("unit_backup"):
+        raise ServingError("rollback: expected the deployment record to name a previous deployment with a unit "
+                           f"snapshot (previous.unit_backup), found {previous!r}")
+    replaced = {k: v for k, v in current.items() if k != "previous"}
+    return {**previous, "rolled_back_at": rolled_back_at, "previous": replaced}
 
 
 def comparison_line(row: Mapping[str, Any]) -> str:
@@ -193,6 +302,29 @@ def comparison_line(row: Mapping[str, Any]) -> str:
     return f"{row['figure']}: planned {row['planned']:g}, engine {row['measured']:g} ({pct}){flag}"
 
 
-__all__ = ["comparison_line", "MIN_DRIVER_FOR_CUDA", "ServingError", "argv_flags", "capability_problems", "driver_problems",
-           "exec_start_lines", "flags_from_help", "missing_flags", "probe_host", "record", "systemd_environment",
-           "systemd_quote", "unit_argv"]
+__all__ = [
+    "HELPERS",
+    "MIN_DRIVER_FOR_CUDA",
+    "SERVICE_DIRS",
+    "UNIT_DIR",
+    "ServingError",
+    "argv_flags",
+    "base_url",
+    "capability_problems",
+    "comparison_line",
+    "driver_problems",
+    "driver_ready_problems",
+    "engine_problems",
+    "engine_status",
+    "exec_start_lines",
+    "flags_from_help",
+    "missing_flags",
+    "probe_host",
+    "record",
+    "rolled_back_record",
+    "service_paths",
+    "service_todo",
+    "systemd_environment",
+    "systemd_quote",
+    "unit_argv",
+]

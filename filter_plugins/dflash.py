@@ -7,11 +7,11 @@ from pathlib import Path
 from typing import Any
 
 try:
-    from dflash_infra import catalogue, parsers, planner, preflight
+    from dflash_infra import catalogue, parsers, plan_inputs, planner, preflight
     from dflash_infra.ansible_filters import as_filters
 except ImportError:  # running from a checkout whose package is not installed in this Python
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from dflash_infra import catalogue, parsers, planner, preflight
+    from dflash_infra import catalogue, parsers, plan_inputs, planner, preflight
     from dflash_infra.ansible_filters import as_filters
 
 
@@ -31,14 +31,14 @@ def dflash_hardware_problems(gpus: list[dict[str, Any]], host: str, group: str,
     return preflight.hardware_problems(host, group, hardware, gpus)
 
 
-def dflash_shm_problems(tp: int, host: str, shm_bytes: int | None) -> list[str]:
-    """Whether /dev/shm holds NCCL's buffers for a TP group of this size."""
-    return preflight.shm_problems(host, int(tp), None if shm_bytes in (None, "") else int(shm_bytes))
+def dflash_identity_problems(identity: dict[str, Any], host: str, hardware: dict[str, Any]) -> list[str]:
+    """Why the host's GPUs (host_state.identity) are not the group's expected hardware (empty when they are)."""
+    return preflight.identity_problems(host, hardware, identity)
 
 
-def dflash_port_problems(ss_output: str, host: str, port: int, own_pids: list[int]) -> list[str]:
-    """The engine port is free or held by the engine service's own processes."""
-    return preflight.port_problems(host, int(port), preflight.parse_ss_listeners(ss_output), own_pids)
+def dflash_serving_problems(state: dict[str, Any], host: str, tp: int, port: int, unit: str) -> list[str]:
+    """/dev/shm for a TP group of this size and the engine port free or held by our unit."""
+    return preflight.serving_problems(host, state, int(tp), int(port), unit)
 
 
 def dflash_plan_table(plan: dict[str, Any]) -> str:
@@ -79,9 +79,12 @@ class FilterModule:
             "dflash_plan": dflash_plan,
             "dflash_plan_table": dflash_plan_table,
             "dflash_expected_gpus": dflash_expected_gpus,
+            "dflash_plan_gpus": plan_inputs.plan_gpus,
+            "dflash_plan_models_from": plan_inputs.plan_models,
+            "dflash_record_models": plan_inputs.manifests,
             "dflash_hardware_problems": dflash_hardware_problems,
-            "dflash_shm_problems": dflash_shm_problems,
-            "dflash_port_problems": dflash_port_problems,
+            "dflash_identity_problems": dflash_identity_problems,
+            "dflash_serving_problems": dflash_serving_problems,
             "dflash_parse_gpus": dflash_parse_gpus,
             "dflash_parse_apps": dflash_parse_apps,
             "dflash_parse_driver": dflash_parse_driver,

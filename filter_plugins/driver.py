@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 try:
     from dflash_infra import driver
@@ -38,21 +39,15 @@ def dflash_driver_state(probe: Mapping[str, Any], kernel_module: Mapping[str, An
 
 
 def dflash_driver_plan(request: Mapping[str, Any]) -> dict[str, Any]:
-    """The alignment plan for one host (see dflash_infra.driver.plan_alignment)."""
-    deny = _deny(request.get("deny"))
-    madison = request.get("apt_candidates")
-    plan = driver.plan_alignment(
-        request.get("kernel_module"),
-        driver.UserspaceProbe.from_dict(request["probe"]),
-        request.get("smi") or {},
-        deb_paths=list(request.get("debs") or []),
-        apt_candidates=driver.parse_madison(madison) if madison else [],
-        deny=deny,
-        deb_dirs=list(request.get("deb_dirs") or ["/var/cache/apt/archives"]),
-        missing_hint=request.get("missing_hint") or driver.DEFAULT_MISSING_HINT,
-        apt_searched=bool(request.get("apt_searched")),
-    )
-    return plan.to_dict()
+    """The alignment plan for one host (see dflash_infra.driver.plan_request)."""
+    return driver.plan_request(request)
+
+
+def dflash_driver_plan_from_state(state: Mapping[str, Any], deny: Sequence[str] | None = None,
+                                  deb_dirs: Sequence[str] | None = None, missing_hint: str = "",
+                                  madison: str | None = None) -> dict[str, Any]:
+    """The alignment plan for one host from its host_state (and apt-cache madison's answer, once asked)."""
+    return driver.plan_from_state(state, deny or (), deb_dirs, missing_hint, madison)
 
 
 def dflash_driver_check_transaction(simulation: str, plan: Mapping[str, Any],
@@ -85,6 +80,7 @@ class FilterModule:
             "dflash_driver_smi": dflash_driver_smi,
             "dflash_driver_state": dflash_driver_state,
             "dflash_driver_plan": dflash_driver_plan,
+            "dflash_driver_plan_from_state": dflash_driver_plan_from_state,
             "dflash_driver_check_transaction": dflash_driver_check_transaction,
             "dflash_driver_pin": dflash_driver_pin,
             "dflash_driver_audit": dflash_driver_audit,

@@ -1,5 +1,5 @@
 """Ansible filters of the sglang_engine and sglang_service roles; thin adapters over dflash_infra.serving
-and dflash_infra.enginelog, no logic of their own."""
+and dflash_infra.parsers.engine_log, no logic of their own."""
 
 from __future__ import annotations
 
@@ -8,12 +8,14 @@ from pathlib import Path
 from typing import Any
 
 try:
-    from dflash_infra import enginelog, serving
+    from dflash_infra import serving
     from dflash_infra.ansible_filters import as_filters
+    from dflash_infra.parsers import engine_log
 except ImportError:  # running from a checkout whose package is not installed in this Python
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from dflash_infra import enginelog, serving
+    from dflash_infra import serving
     from dflash_infra.ansible_filters import as_filters
+    from dflash_infra.parsers import engine_log
 
 
 def dflash_serving_record(plan: dict[str, Any], **kwargs: Any) -> dict[str, Any]:
@@ -31,9 +33,16 @@ class FilterModule:
             "dflash_serving_capability_problems": serving.capability_problems,
             "dflash_serving_driver_problems": serving.driver_problems,
             "dflash_serving_probe_host": serving.probe_host,
+            "dflash_serving_base_url": serving.base_url,
+            "dflash_engine_status": serving.engine_status,
+            "dflash_serving_driver_ready": serving.driver_ready_problems,
+            "dflash_engine_problems": serving.engine_problems,
+            "dflash_service_todo": serving.service_todo,
+            "dflash_serving_paths": serving.service_paths,
             "dflash_serving_exec_start": serving.exec_start_lines,
             "dflash_serving_environment": serving.systemd_environment,
             "dflash_serving_record": dflash_serving_record,
-            "dflash_serving_engine_memory": enginelog.measure,
+            "dflash_serving_rolled_back": serving.rolled_back_record,
+            "dflash_serving_engine_memory": engine_log.measure,
             "dflash_serving_comparison_line": serving.comparison_line,
         })

@@ -97,7 +97,7 @@ def outputs(section_id: str, index: int = 0) -> list[tuple[str | None, str]]:
             pairs.append(((match["command"] or "").strip(), []))
         else:
             pairs[-1][1].append(line)
-    result = [(command, "".join(l + "\n" for l in lines)) for command, lines in pairs]
+    result = [(command, "".join(line + "\n" for line in lines)) for command, lines in pairs]
     return [(c, text) for c, text in result if c is not None or text.strip()]
 
 

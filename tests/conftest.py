@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from helpers import ansible_environment
+from helpers import ansible_environment, use_module_utils
+
+# The module_utils code is tested where it runs on the hosts: as ansible.module_utils.<package>.
+use_module_utils()
 
 
 @pytest.fixture(scope="session")

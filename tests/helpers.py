@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -28,3 +30,31 @@ def ansible_environment() -> dict[str, str]:
 
 def run(argv: list[str], env: dict[str, str] | None = None, **kwargs) -> subprocess.CompletedProcess:
     return subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, **kwargs)
+
+
+def use_module_utils() -> None:
+    """Make the repository's module_utils importable as ansible.module_utils.<name>, the way AnsiballZ ships them
+    to the hosts (their packages import each other relatively)."""
+    import ansible.module_utils
+
+    path = str(ROOT / "module_utils")
+    if path not in ansible.module_utils.__path__:
+        ansible.module_utils.__path__.append(path)
+
+
+# The hosts run modules with their own python3 and the standard library only; so do the module tests.
+HOST_PYTHON = "/usr/bin/python3" if os.access("/usr/bin/python3", os.X_OK) else sys.executable
+
+
+def run_module(module: str, args: dict[str, Any], check: bool = False, diff: bool = False) -> dict[str, Any]:
+    """Run one of the repository's modules for real on localhost (`ansible localhost -m`); its result."""
+    env = dict(ansible_environment(), ANSIBLE_LOAD_CALLBACK_PLUGINS="1", ANSIBLE_STDOUT_CALLBACK="ansible.posix.json")
+    argv = [tool("ansible"), "localhost", "-i", "localhost,", "-c", "local",
+            "-e", f"ansible_python_interpreter={HOST_PYTHON}", "-m", module, "-a", json.dumps(args)]
+    proc = run(argv + (["--check"] if check else []) + (["--diff"] if diff else []), env=env)
+    try:
+        result: dict[str, Any] = json.loads(proc.stdout)["plays"][0]["tasks"][0]["hosts"]["localhost"]
+    except (ValueError, KeyError, IndexError):
+        raise AssertionError(f"ansible -m {module} printed no result (rc {proc.returncode}):\n"
+                             f"{proc.stdout[-3000:]}\n{proc.stderr[-2000:]}") from None
+    return result

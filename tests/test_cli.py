@@ -1,4 +1,4 @@
-"""`dflash-infra` exactly as ARCHITECTURE.md promises: JSON out, exit 0 / 2, one-line errors."""
+"""`dflash-infra` as its contract says: JSON out, exit 0 / 2, one-line errors."""
 
 from __future__ import annotations
 
@@ -89,6 +89,33 @@ def test_parse_bad_input_is_one_line_exit_2(tmp_path: Path) -> None:
     proc = cli("parse", "gpus", str(f))
     assert proc.returncode == 2
     assert len(proc.stderr.strip().splitlines()) == 1 and "junk.csv" in proc.stderr
+
+
+def test_parse_gpu_info_lists_one_gpu_per_file(tmp_path: Path) -> None:
+    h200 = FIXTURES / "proc-driver-nvidia-gpus-0000_00_06.0-information.txt"
+    second = tmp_path / "information"
+    second.write_text(h200.read_text().replace("0000:00:06.0", "0000:00:07.0").replace("Minor: \t 0", "Minor: \t 1"))
+    proc = cli("parse", "gpu-info", str(h200), str(second))
+    assert proc.returncode == 0, proc.stderr
+    gpus = json.loads(proc.stdout)
+    assert [(g["name"], g["bus_location"], g["device_minor"]) for g in gpus] == [
+        ("NVIDIA H200", "0000:00:06.0", 0), ("NVIDIA H200", "0000:00:07.0", 1)]
+    assert gpus[0]["uuid"] == "GPU-ee3729f3-f3e0-707b-4478-8312f077d0e1" and gpus[0]["excluded"] is False
+
+
+def test_parse_gpu_info_bad_file_is_one_line_exit_2(tmp_path: Path) -> None:
+    bad = tmp_path / "information"
+    bad.write_text("Model: \t\t NVIDIA H200\nDevice Minor: \t zero\n")
+    proc = cli("parse", "gpu-info", str(FIXTURES / "proc-driver-nvidia-gpus-0000_00_06.0-information.txt"), str(bad))
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert len(proc.stderr.strip().splitlines()) == 1 and str(bad) in proc.stderr and "missing IRQ:" in proc.stderr
+
+
+def test_parse_one_file_kinds_refuse_several(tmp_path: Path) -> None:
+    proc = cli("parse", "driver", str(FIXTURES / "proc-driver-nvidia-version.txt"), str(tmp_path / "x"))
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr.strip() == ("dflash-infra: parse driver: expected one input file, found 2 "
+                                   "(only gpu-info reads several)")
 
 
 def test_parse_missing_file_exit_2() -> None:

@@ -7,6 +7,7 @@ the H200 test machine's bind-mounted libraries (tests/fixtures/nvidia/h200-test-
 
 from __future__ import annotations
 
+import itertools
 import shutil
 import subprocess
 import sys
@@ -20,7 +21,7 @@ from dflash_infra.parsers import parse_driver
 from helpers import ROOT
 
 sys.path.insert(0, str(ROOT / "filter_plugins"))
-import driver as driver_filters  # noqa: E402
+import driver as driver_filters
 
 REV = "0ubuntu0.24.04.1"
 CACHE = "/var/cache/apt/archives"
@@ -55,7 +56,8 @@ def cache_debs(version: str, branch: str | None = None, traps: bool = True) -> l
 
 def probe_text(version: str | None, branch: str = "580", lib_dir: str = LIBDIR, owned: bool = True,
                extra_pkgs: str = "") -> str:
-    """What roles/gpu_facts/files/userspace_probe.sh prints (dpkg-query's ${Package}\\t${Version}\\t${db:Status-Abbrev})."""
+    """What module_utils/dflash_state/userspace.py (in dflash_host_state) prints
+    (dpkg-query's ${Package}\\t${Version}\\t${db:Status-Abbrev})."""
     lines = ["arch\tamd64"]
     if version:
         lines += [f"pkg\t{n}\t{version}-{REV}\tii " for n in names(branch, version)]
@@ -92,7 +94,7 @@ KNOWN_ORDER = [
 
 
 def test_known_driver_versions_sort_like_dpkg() -> None:
-    for low, high in zip(KNOWN_ORDER, KNOWN_ORDER[1:]):
+    for low, high in itertools.pairwise(KNOWN_ORDER):
         assert driver.compare_versions(low, high) == -1, (low, high)
         assert driver.compare_versions(high, low) == 1
     assert driver.compare_versions("1.0~rc1-1", "1.0-1") == -1

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from dflash_infra import enginelog
+from dflash_infra.parsers import engine_log
 
 LOGS = Path(__file__).resolve().parent / "fixtures" / "sglang-logs"
 
@@ -22,7 +22,7 @@ Nov 29 11:16:59 ct200 sglang-qwen[812]: [2026-11-29 11:16:59 DP0 TP0] KV Cache i
 Nov 29 11:16:59 ct200 sglang-qwen[812]: [2026-11-29 11:16:59 DP0 TP0] Memory pool end. avail mem=20.84 GB
 Nov 29 11:16:59 ct200 sglang-qwen[812]: [2026-11-29 11:16:59 DP1 TP1] Mamba Cache is allocated. max_mamba_cache_size: 90, conv_state size: 0.12GB, ssm_state size: 3.20GB 
 Nov 29 11:16:59 ct200 sglang-qwen[812]: [2026-11-29 11:16:59 DP1 TP1] KV Cache is allocated. dtype: torch.bfloat16, #tokens: 600000, KV size: 18.00 GB
-"""
+"""  # noqa: E501, W291 - verbatim log lines; SGLang ends the Mamba line with a space
 
 PLAN = {"kv_cache_tokens": 626530, "per_gpu": {"weights_gib": 27.48, "kv_pool_gib": 25.1, "mamba_pool_gib": 22.17}}
 
@@ -32,7 +32,7 @@ def read(name: str) -> str:
 
 
 def test_club3090_two_ranks_target_and_drafter_pools() -> None:
-    ranks = enginelog.parse_startup(read("club3090-1261"))
+    ranks = engine_log.parse_startup(read("club3090-1261"))
     assert list(ranks) == [" TP0", " TP1"]
     tp0 = ranks[" TP0"]
     assert [p.tokens for p in tp0.kv_pools] == [454112, 454112]
@@ -40,13 +40,13 @@ def test_club3090_two_ranks_target_and_drafter_pools() -> None:
     assert tp0.kv_pools[0].dtype == "torch.float8_e4m3fn"
     assert tp0.pool_end_avail_gib == [8.40, 6.23]
     assert ranks[" TP1"].pool_end_avail_gib == [7.63, 5.46]
-    summary = enginelog.engine_memory(read("club3090-1261"))
+    summary = engine_log.engine_memory(read("club3090-1261"))
     assert summary["rank"] == "TP0" and summary["kv_cache_tokens"] == 454112 and summary["kv_pool_gib"] == 9.08
     assert summary["avail_after_pool_gib"] == 6.23 and summary["weights_gib"] is None
 
 
 def test_benwilson_lines_without_prefix_or_figures() -> None:
-    summary = enginelog.engine_memory(read("sglang-pr36556-benwilson"))
+    summary = engine_log.engine_memory(read("sglang-pr36556-benwilson"))
     assert summary["found"] and summary["rank"] is None
     assert summary["kv_cache_tokens"] == 262144 and summary["kv_pool_gib"] == 6.0
     # "Load weight end. elapsed=1324.77 s" carries no mem usage: recorded as unknown, never as 0.
@@ -55,7 +55,7 @@ def test_benwilson_lines_without_prefix_or_figures() -> None:
 
 
 def test_xinference_older_format_without_dtype() -> None:
-    summary = enginelog.engine_memory(read("xinference-3481"))
+    summary = engine_log.engine_memory(read("xinference-3481"))
     assert summary["weights_gib"] == 27.57
     assert summary["weight_loads"][0]["model_type"] == "Qwen3ForCausalLM"
     assert summary["weight_loads"][0]["avail_gib"] == 19.67
@@ -64,7 +64,7 @@ def test_xinference_older_format_without_dtype() -> None:
 
 
 def test_hybrid_dflash_weights_mamba_and_both_kv_pools_behind_journal_prefix() -> None:
-    summary = enginelog.engine_memory(HYBRID_DFLASH)
+    summary = engine_log.engine_memory(HYBRID_DFLASH)
     assert summary["rank"] == "DP0 TP0"
     assert summary["weights_gib"] == pytest.approx(27.54)
     assert summary["mamba"]["slots"] == 94
@@ -77,24 +77,25 @@ def test_hybrid_dflash_weights_mamba_and_both_kv_pools_behind_journal_prefix() -
 
 
 def test_comparison_within_tolerance_and_warning_outside() -> None:
-    measured = enginelog.measure(HYBRID_DFLASH, PLAN)
+    measured = engine_log.measure(HYBRID_DFLASH, PLAN)
     rows = {r["figure"]: r for r in measured["comparison"]}
     assert rows["kv_cache_tokens"]["within_tolerance"] and rows["weights_gib"]["within_tolerance"]
     assert rows["mamba_pool_gib"]["within_tolerance"]
     assert measured["warnings"] == []
-    off = enginelog.measure(HYBRID_DFLASH, {**PLAN, "kv_cache_tokens": 400000})
+    off = engine_log.measure(HYBRID_DFLASH, {**PLAN, "kv_cache_tokens": 400000})
     assert len(off["warnings"]) == 1
-    assert off["warnings"][0].startswith("kv_cache_tokens: the planner predicted 400000, the engine logged 625533 (+56.4%")
+    assert off["warnings"][0].startswith(
+        "kv_cache_tokens: the planner predicted 400000, the engine logged 625533 (+56.4%")
 
 
 def test_tolerance_boundary_is_inclusive() -> None:
-    rows, warnings = enginelog.compare({"kv_cache_tokens": 115}, {"kv_cache_tokens": 100}, tolerance=0.15)
+    rows, warnings = engine_log.compare({"kv_cache_tokens": 115}, {"kv_cache_tokens": 100}, tolerance=0.15)
     assert rows[0]["within_tolerance"] and not warnings
-    rows, warnings = enginelog.compare({"kv_cache_tokens": 116}, {"kv_cache_tokens": 100}, tolerance=0.15)
+    rows, warnings = engine_log.compare({"kv_cache_tokens": 116}, {"kv_cache_tokens": 100}, tolerance=0.15)
     assert not rows[0]["within_tolerance"] and len(warnings) == 1
 
 
 def test_no_memory_lines_is_reported_not_invented() -> None:
-    measured = enginelog.measure("[2026-01-01 00:00:00] The server is fired up and ready to roll!\n", PLAN)
+    measured = engine_log.measure("[2026-01-01 00:00:00] The server is fired up and ready to roll!\n", PLAN)
     assert measured["found"] is False and measured["comparison"] == []
     assert "not found" in measured["warnings"][0]

@@ -22,6 +22,7 @@ from dflash_infra.parsers import (
     parse_dpkg_query,
     parse_driver,
     parse_file,
+    parse_gpu_information,
     parse_gpus,
     parse_nvml,
     parse_proc_devices,
@@ -32,6 +33,8 @@ from dflash_infra.parsers import (
 
 # Property tests run without a per-example time limit (no wall-clock limits in tests).
 PROPERTY = settings(deadline=None, max_examples=200)
+
+H200_INFORMATION = "proc-driver-nvidia-gpus-0000_00_06.0-information.txt"
 
 NVIDIA_SMI_FAILED = (
     "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver. "
@@ -160,6 +163,33 @@ class TestH200:
         # No driver package at all: the libraries come from a bind mount.
         assert not any(nvidia_branch(p.package) for p in packages)
 
+    def test_gpu_information_without_nvml(self) -> None:
+        info = parse_gpu_information(h200(H200_INFORMATION), H200_INFORMATION)
+        assert info == {
+            "name": "NVIDIA H200",
+            "uuid": "GPU-ee3729f3-f3e0-707b-4478-8312f077d0e1",
+            "bus_location": "0000:00:06.0",
+            "pci_bus_id": "00000000:00:06.0",
+            "device_minor": 0,
+            "irq": 41,
+            "bus_type": "PCIe",
+            "dma_size_bits": 52,
+            "dma_mask": "0xfffffffffffff",
+            "video_bios": "96.00.a5.00.1a",
+            "firmware": "580.159.04",
+            "excluded": False,
+        }
+        # The GSP firmware is the loaded kernel module's own version.
+        assert info["firmware"] == parse_driver(h200("proc-driver-nvidia-version.txt")).version
+
+    def test_gpu_information_names_the_gpu_nvidia_smi_lists(self) -> None:
+        # Taken the same day: NVML and the kernel module agree on the GPU behind bus 00:06.0 (the older
+        # query-gpu-header.csv was taken with another GPU there).
+        [gpu] = parse_gpus(h200("query-gpu-bus-uuid-2026-12-01.csv"))
+        info = parse_gpu_information(h200(H200_INFORMATION))
+        assert (gpu.name, gpu.uuid, gpu.pci_bus_id) == (info["name"], info["uuid"], info["pci_bus_id"])
+        assert gpu.memory_total_mib == 143771
+
     def test_injected_libraries_match_the_kernel_module(self) -> None:
         resolved = [
             line for line in h200("misc.txt").splitlines() if line.startswith("/usr/local/nvidia/lib64/")
@@ -227,9 +257,9 @@ class TestDriver:
     @pytest.mark.parametrize("flavor", ["proprietary", "open"])
     def test_documentation_lines_have_no_version(self, flavor: str) -> None:
         line = next(
-            l
-            for l in block("1.12").splitlines()
-            if "NVRM version:" in l and ("Open" in l) == (flavor == "open")
+            text
+            for text in block("1.12").splitlines()
+            if "NVRM version:" in text and ("Open" in text) == (flavor == "open")
         )
         with pytest.raises(
             ParseError,
@@ -353,7 +383,8 @@ class TestQueryGpu:
     def test_fields_that_contradict_the_header(self) -> None:
         with pytest.raises(
             ParseError,
-            match=r"line 1: the header names index, name, memory\.total but the field list says name, index, memory\.total",
+            match=r"line 1: the header names index, name, memory\.total but the field list says "
+            r"name, index, memory\.total",
         ):
             parse_gpus(output("2.10"), fields=["name", "index", "memory.total"])
 
@@ -690,6 +721,75 @@ class TestProcDevices:
             parse_proc_devices("Character devices:\n")
 
 
+# --------------------------------------------------------------------------- /proc/driver/nvidia/gpus/<bus>/information
+
+
+def information(**replace: str | None) -> str:
+    """The H200 information file with some lines replaced (None drops a line)."""
+    lines = []
+    for line in h200(H200_INFORMATION).splitlines():
+        key = line.split(":", 1)[0]
+        if key not in replace:
+            lines.append(line)
+        elif replace[key] is not None:
+            lines.append(f"{key}: \t {replace[key]}")
+    return "".join(f"{line}\n" for line in lines)
+
+
+class TestGpuInformation:
+    def test_uninitialised_gpu_has_no_uuid_or_vbios_yet(self) -> None:
+        info = parse_gpu_information(information(**{"GPU UUID": "GPU-????????-????-????-????-????????????",
+                                                    "Video BIOS": "??.??.??.??.??"}))
+        assert (info["uuid"], info["video_bios"], info["name"]) == (None, None, "NVIDIA H200")
+
+    def test_older_drivers(self) -> None:
+        # Before the 460 branch 'GPU Excluded' was 'Blacklisted'; before GSP there is no firmware line.
+        text = information(**{"GPU Excluded": None, "GPU Firmware": None}) + "Blacklisted:\t Yes\n"
+        info = parse_gpu_information(text)
+        assert (info["excluded"], info["firmware"]) == (True, None)
+        assert parse_gpu_information(information(**{"GPU Excluded": None}))["excluded"] is False
+
+    def test_bus_with_hex_digits_in_nvidia_smi_spelling(self) -> None:
+        info = parse_gpu_information(information(**{"Bus Location": "0000:3b:00.0", "Device Minor": "7"}))
+        assert (info["bus_location"], info["pci_bus_id"], info["device_minor"]) == (
+            "0000:3b:00.0", "00000000:3B:00.0", 7)
+
+    def test_unknown_lines_are_left_out(self) -> None:
+        info = parse_gpu_information(information() + "Interconnect: \t NVLink\n")
+        assert "Interconnect" not in json.dumps(info)
+
+    @pytest.mark.parametrize(
+        ("text", "message"),
+        [
+            (lambda: "", r"^info: expected the 'Model:', 'GPU UUID:', 'Bus Location:' \.\.\. lines of "
+                         r"/proc/driver/nvidia/gpus/<bus>/information, found nothing$"),
+            (lambda: information(**{"Device Minor": None, "IRQ": None}),
+             r"^info: expected the lines Model:, IRQ:, GPU UUID:, Bus Location:, Device Minor: of "
+             r"/proc/driver/nvidia/gpus/<bus>/information; missing IRQ:, Device Minor:$"),
+            (lambda: information(**{"Device Minor": "zero"}),
+             r"^info line 9: Device Minor must be a whole number, found 'zero'$"),
+            (lambda: information(**{"Bus Location": "00:06.0"}),
+             r"^info line 8: Bus Location must be a PCI address like '0000:17:00\.0', found '00:06\.0'$"),
+            (lambda: information(**{"GPU UUID": "ee3729f3"}),
+             r"^info line 3: GPU UUID must look like 'GPU-ee3729f3-.*', found 'ee3729f3'$"),
+            (lambda: information(**{"GPU Excluded": "maybe"}),
+             r"^info line 11: GPU Excluded must be Yes or No, found 'maybe'$"),
+            (lambda: information(**{"DMA Size": "52"}),
+             r"^info line 6: DMA Size must be a number of bits like '52 bits', found '52'$"),
+            (lambda: information(**{"Model": "N/A"}), r"^info line 1: Model must name the GPU model, found 'N/A'$"),
+            (lambda: information() + information(),
+             r"^info line 12: 'Model:' appears twice \(first on line 1\); expected the information file of one GPU$"),
+            (lambda: information() + "garbage\n",
+             r"^info line 12: expected 'Key: value' lines of .*, found 'garbage'$"),
+            (lambda: h200("proc-driver-nvidia-version.txt"), r"^info: expected the lines Model:, .*; missing Model:, "),
+        ],
+    )
+    def test_malformed(self, text, message: str) -> None:
+        with pytest.raises(ParseError, match=message) as caught:
+            parse_gpu_information(text(), "info")
+        assert "\n" not in str(caught.value)
+
+
 # --------------------------------------------------------------------------- dpkg
 
 
@@ -913,7 +1013,8 @@ class TestVersionsAndBranches:
         assert library_version_from_path("/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.580.142\n") == "580.142"
         with pytest.raises(
             ParseError,
-            match=r"expected a resolved library path ending in '\.so\.<driver version>', found '/lib/libnvidia-ml\.so\.1'",
+            match=r"expected a resolved library path ending in '\.so\.<driver version>', "
+            r"found '/lib/libnvidia-ml\.so\.1'",
         ):
             library_version_from_path("/lib/libnvidia-ml.so.1")
 
@@ -968,6 +1069,7 @@ class TestEntryPoints:
             ("smi", lambda: h200("nvidia-smi-with-process.txt")),
             ("smi-version", lambda: h200("nvidia-smi-version.txt")),
             ("devices", lambda: misc_part("+ cat /proc/devices")),
+            ("gpu-info", lambda: h200(H200_INFORMATION)),
             ("dpkg-list", lambda: output("4.1")),
             ("dpkg-query", lambda: "libnvidia-compute-580\t580.126.09-0ubuntu0.24.04.1\tii \n"),
         ],
@@ -1025,7 +1127,7 @@ def gpu_csv(draw: st.DrawFn) -> tuple[str, list[str], bool, list[dict[str, objec
 def test_gpu_csv_round_trip(case: tuple[str, list[str], bool, list[dict[str, object]]]) -> None:
     text, fields, header, expected = case
     parsed = [g.to_dict() for g in parse_gpus(text, "gpus.csv", fields=None if header else fields)]
-    assert parsed == [{k: row[k] for k in parsed_row} for row, parsed_row in zip(expected, parsed)]
+    assert parsed == [{k: row[k] for k in parsed_row} for row, parsed_row in zip(expected, parsed, strict=True)]
     assert [set(p) for p in parsed] == [set(e) for e in expected]
 
 
@@ -1103,3 +1205,12 @@ def test_proc_devices_round_trip(majors: dict[str, int]) -> None:
     )
     devices = parse_proc_devices(text)
     assert devices.character == majors and devices.block == {}
+
+
+@PROPERTY
+@given(st.integers(0, 0xFFFF), st.integers(0, 255), st.integers(0, 31), st.integers(0, 7), st.integers(0, 255))
+def test_gpu_information_bus_round_trip(domain: int, bus: int, device: int, function: int, minor: int) -> None:
+    location = f"{domain:04x}:{bus:02x}:{device:02x}.{function}"
+    info = parse_gpu_information(information(**{"Bus Location": location, "Device Minor": str(minor)}))
+    assert (info["bus_location"], info["device_minor"]) == (location, minor)
+    assert info["pci_bus_id"] == f"{domain:08X}:{bus:02X}:{device:02X}.{function}"

@@ -18,9 +18,9 @@ import subprocess
 import sys
 import tempfile
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Iterator
 
 import pytest
 import yaml
@@ -31,8 +31,8 @@ from helpers import ROOT, ansible_environment, run, tool
 
 sys.path.insert(0, str(ROOT / "lab"))
 sys.path.insert(0, str(ROOT / "lab" / "pve"))
-import labctl  # noqa: E402
-import pctd  # noqa: E402
+import labctl
+import pctd
 
 PCT = ROOT / "lab" / "pve" / "pct"
 CT200 = next(c for c in labctl.CONTAINERS if c.name == "ct200")

@@ -43,7 +43,7 @@ def rendered(version: str) -> dict[str, list[str]]:
 def test_real_parser_accepts_every_planned_argv(version: str) -> None:
     argvs = rendered(version)
     results = check_argvs(version, list(argvs.values()))
-    for (name, argv), result in zip(argvs.items(), results):
+    for (name, argv), result in zip(argvs.items(), results, strict=True):
         assert result["ok"], f"SGLang {version} rejected the {name} plan: {result['error']}\n{argv}"
         ns = result["namespace"]
         assert ns["tp_size"] == int(argv[argv.index("--tp-size") + 1])
@@ -56,7 +56,7 @@ def test_flags_removed_in_0523_are_rejected_by_it() -> None:
     removed = [["--speculative-dflash-draft-window-size", "16"], ["--cuda-graph-max-bs", "32"],
                ["--mamba-scheduler-strategy", "auto"]]
     results = check_argvs("0.5.23", [base + r for r in removed])
-    for flag, result in zip(removed, results):
+    for flag, result in zip(removed, results, strict=True):
         assert not result["ok"], f"0.5.23 accepted {flag[0]}"
     # And the planner's renderer never emits them: they are hidden or absent in the 0.5.23 table.
     table = engine.flag_table("0.5.23")

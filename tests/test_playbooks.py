@@ -9,21 +9,31 @@ import pytest
 from helpers import ROOT, run, tool
 
 sys.path.insert(0, str(ROOT / "filter_plugins"))
-import dflash as dflash_filters  # noqa: E402
+import dflash as dflash_filters
 
 
 def playbook(env, *args: str):
     return run([tool("ansible-playbook"), *args], env=env)
 
 
-@pytest.mark.parametrize("entry", ["deploy_dflash.yml", "playbooks/plan.yml"])
-def test_group_vars_apply_to_every_entry_point(ansible_env, entry: str) -> None:
-    # The plan needs dflash_engine (group_vars/all) and dflash_expected_hardware (group_vars/pro6000):
-    # the play fails on an undefined variable if either entry point misses the top-level group_vars.
-    proc = playbook(ansible_env, entry, "-l", "pro6000", "-e", "dflash_plan_offline=true", "--tags", "plan")
+def test_group_vars_apply_to_the_plan_playbook(ansible_env) -> None:
+    # The plan needs dflash_engine (group_vars/all) and dflash_expected_hardware (group_vars/pro6000): the play
+    # fails on an undefined variable if the entry point misses the top-level group_vars.
+    proc = playbook(ansible_env, "playbooks/plan.yml", "-l", "pro6000", "-e", "dflash_plan_offline=true")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "sglang 0.5.23" in proc.stdout
     assert "tp_size                 2" in proc.stdout and "ok=" in proc.stdout
+
+
+@pytest.mark.parametrize("entry", ["deploy_dflash.yml", "playbooks/serve.yml", "playbooks/stop_training.yml"])
+def test_runs_that_work_on_the_host_refuse_an_offline_plan_with_the_group_vars_values(ansible_env, entry: str) -> None:
+    # The refusal names the engine pin (group_vars/all) and the group's hardware (group_vars/pro6000), which
+    # proves those files apply to this entry point, before any host is contacted.
+    proc = playbook(ansible_env, entry, "-l", "pro6000", "-e", "dflash_plan_offline=true")
+    assert proc.returncode != 0
+    assert ("dflash_plan_offline=true plans sglang 0.5.23 on group pro6000's expected hardware (8x NVIDIA RTX PRO "
+            "6000 Blackwell) without contacting the host") in proc.stdout, proc.stdout[-3000:]
+    assert "UNREACHABLE" not in proc.stdout
 
 
 def test_offline_plan_contacts_no_host(ansible_env) -> None:
@@ -69,3 +79,14 @@ def test_filters_are_thin_adapters() -> None:
     from ansible.errors import AnsibleFilterError
     with pytest.raises(AnsibleFilterError, match="expected"):
         filters["dflash_parse_driver"]("garbage")
+
+
+@pytest.mark.parametrize("entry", ["sync_models.yml", "stop_training.yml", "resume_training.yml"])
+def test_stage_playbooks_pass_no_role_variables(entry: str) -> None:
+    import yaml
+    for play in yaml.safe_load((ROOT / "playbooks" / entry).read_text()):
+        assert "vars" not in play and play.get("tags")
+        steps = play.get("roles", []) + play.get("tasks", [])
+        assert steps and all("vars" not in step for step in steps)
+        assert all(set(step) <= {"role", "name", "ansible.builtin.import_role", "ansible.builtin.include_role",
+                                 "ansible.builtin.import_tasks"} for step in steps)

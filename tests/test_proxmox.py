@@ -10,7 +10,7 @@ import hashlib
 import re
 import subprocess
 import sys
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import pytest
 import yaml
@@ -21,7 +21,7 @@ from dflash_infra.parsers import parse_proc_devices
 from helpers import ROOT, run, tool
 
 sys.path.insert(0, str(ROOT / "filter_plugins"))
-import proxmox as proxmox_filters  # noqa: E402
+import proxmox as proxmox_filters
 
 H200_DEVICES_TEXT = (NVIDIA / "h200-device-run" / "proc-devices.txt").read_text()
 H200 = parse_proc_devices(H200_DEVICES_TEXT, "pve1:/proc/devices")
@@ -248,7 +248,8 @@ def test_dynamic_major_of_another_device_is_a_warning_not_a_removal() -> None:
 
 
 def test_gpus_outside_the_container_set_and_duplicates_are_stale() -> None:
-    conf = lab_conf(gpus=2) + f"{ALLOW}: c 195:* rwm\n{MOUNT}: /dev/nvidia2 dev/nvidia2 none bind,optional,create=file\n"
+    conf = lab_conf(gpus=2) + (f"{ALLOW}: c 195:* rwm\n"
+                               f"{MOUNT}: /dev/nvidia2 dev/nvidia2 none bind,optional,create=file\n")
     audit = proxmox.audit_passthrough(proxmox.parse_lxc_conf(conf), H200, [0, 1])
     assert [f.reason for f in audit.stale] == ["duplicate of an earlier rule",
                                               "GPU 2 is not one of this container's GPUs (0,1)"]
@@ -319,7 +320,7 @@ def test_fix_refuses_a_file_that_is_not_the_config_the_api_returned() -> None:
 
 
 def test_snapshot_name() -> None:
-    when = datetime(2026, 11, 29, 13, 36, 12, tzinfo=timezone.utc)
+    when = datetime(2026, 11, 29, 13, 36, 12, tzinfo=UTC)
     assert proxmox.snapshot_name("dflash", "align", when) == "dflash-align-20261129-133612"
     assert proxmox.snapshot_name("dflash", "engine-upgrade", "2026-11-29T13:36:12Z") == \
         "dflash-engine-upgrade-20261129-133612"

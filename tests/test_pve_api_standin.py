@@ -14,9 +14,10 @@ import signal
 import subprocess
 import sys
 import threading
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import pytest
 import requests
@@ -27,7 +28,7 @@ from proxmoxer.core import ResourceException
 from helpers import ROOT, ansible_environment, tool
 
 sys.path.insert(0, str(ROOT / "lab" / "pve"))
-import api as standin  # noqa: E402
+import api as standin
 
 ADDRESS = "127.0.10.1"
 CT200 = """#Lab stand-in of CT200 (group pro6000)%3A two GPUs
@@ -226,7 +227,8 @@ def test_snapshot_rollback_and_delete(pve: Standin) -> None:
     marker = pve.backend.rootfs("ct200") / "root" / "marker"
     marker.write_text("before the stage\n")
     pve.backend.up.add("ct200")
-    assert pve.wait(pve.ct().snapshot.post(snapname="dflash-align-1", description="before: align"))["exitstatus"] == "OK"
+    task = pve.ct().snapshot.post(snapname="dflash-align-1", description="before: align")
+    assert pve.wait(task)["exitstatus"] == "OK"
     listing = pve.ct().snapshot.get()
     assert [s["name"] for s in listing] == ["dflash-align-1", "current"]
     assert listing[0]["description"] == "before: align" and listing[0]["snaptime"] > 0
@@ -330,7 +332,7 @@ def test_command_line_daemon_is_standard_library_only_and_stops_on_sigterm(tmp_p
                               verify=str(state / "pve" / "tls" / "ca.crt"),
                               headers={"Authorization": f"PVEAPIToken={token['full-tokenid']}={token['value']}"})
         assert answer.json() == {"data": []}
-        second = subprocess.run(argv[:-1] + [port], capture_output=True, text=True)
+        second = subprocess.run([*argv[:-1], port], capture_output=True, text=True)
         assert second.returncode == 1 and f"cannot listen on {ADDRESS}:{port}" in second.stderr
     finally:
         daemon.send_signal(signal.SIGTERM)

@@ -15,7 +15,6 @@ from pathlib import Path
 from types import ModuleType
 
 import pytest
-import yaml
 
 from dflash_infra import engine, serving
 
@@ -256,7 +255,8 @@ def test_record_keeps_one_previous_and_the_contract_keys() -> None:
                          driver={"kernel_module": "595.71.05", "user_space": "595.71.05"},
                          unit={"name": "sglang-qwen.service", "sha256": "cd" * 32, "backup": "/var/lib/x"},
                          deployed_at="2026-11-29T11:17:01+00:00",
-                         journal="[2026-11-29 11:16:59 TP0] Load weight end. type=T, avail mem=1.00 GB, mem usage=27.00 GB.",
+                         journal="[2026-11-29 11:16:59 TP0] Load weight end. type=T, avail mem=1.00 GB, "
+                                 "mem usage=27.00 GB.",
                          previous=older)
     for key in ("engine", "plan", "args", "models", "driver", "unit_sha256", "deployed_at", "previous"):
         assert key in rec
@@ -267,14 +267,51 @@ def test_record_keeps_one_previous_and_the_contract_keys() -> None:
                           previous=None)["previous"] is None
 
 
-# --- role interfaces ----------------------------------------------------------------------------------
+def test_every_path_of_a_service_is_derived_from_its_name_once() -> None:
+    paths = serving.service_paths("sglang-qwen.service", "/etc/dflash-infra", "/var/lib/dflash-infra",
+                                  "/usr/local/lib/dflash-infra")
+    assert paths["unit"] == "/etc/systemd/system/sglang-qwen.service"
+    assert paths["env_file"] == "/etc/dflash-infra/sglang-qwen.env"
+    assert paths["record"] == "/var/lib/dflash-infra/deployment.json"
+    assert paths["last_good"] == "/var/lib/dflash-infra/units/last-good"
+    assert paths["sglang_ready"] == "/usr/local/lib/dflash-infra/sglang-ready"
+    with pytest.raises(serving.ServingError, match=r"ending in \.service, found 'sglang qwen'"):
+        serving.service_paths("sglang qwen", "/e", "/s", "/l")
 
-@pytest.mark.parametrize("role", ["sglang_engine", "sglang_service"])
-def test_argument_specs_and_defaults_agree(role: str) -> None:
-    base = ROOT / "roles" / role
-    defaults = yaml.safe_load((base / "defaults" / "main.yml").read_text())
-    options = yaml.safe_load((base / "meta" / "argument_specs.yml").read_text())["argument_specs"]["main"]["options"]
-    assert set(defaults) == set(options)
-    for name, value in defaults.items():
-        if "default" in options[name]:
-            assert options[name]["default"] == value, name
+
+def test_the_endpoint_is_reached_on_loopback_for_a_wildcard_listen_address() -> None:
+    assert serving.base_url({"host": "0.0.0.0", "port": 30000}) == "http://127.0.0.1:30000"
+    assert serving.base_url({"host": "127.0.200.1", "port": "30000"}) == "http://127.0.200.1:30000"
+
+
+def test_the_engine_is_installed_only_when_the_venv_lacks_the_pin() -> None:
+    venv = "/opt/sglang/venv"
+    caps = {"exists": True, "json": {"name": "sglang", "version": "0.5.23", "flags": ["--help"], "cuda": "13.0"}}
+    state = {"venvs": {venv: {"python": True, "distributions": {"sglang": "0.5.23"}, "capabilities": caps}}}
+    status = serving.engine_status(state, venv, "sglang", "0.5.23")
+    assert status["needs_install"] is False and status["capabilities"]["flags"] == ["--help"]
+    upgrade = serving.engine_status(state, venv, "sglang", "0.5.24")
+    assert upgrade["needs_install"] is True and upgrade["reason"] == f"{venv} holds sglang 0.5.23, the pin is 0.5.24"
+    # A cache of another release (or none) is asked again.
+    state["venvs"][venv]["distributions"]["sglang"] = "0.5.19"
+    assert serving.engine_status(state, venv, "sglang", "0.5.19")["capabilities"] is None
+    absent = serving.engine_status({"venvs": {venv: {"python": False}}}, venv, "sglang", "0.5.23")
+    assert absent["needs_install"] and absent["reason"] == f"{venv} has no Python"
+
+
+def test_serving_needs_an_aligned_driver() -> None:
+    assert serving.driver_ready_problems({"status": "aligned"}) == []
+    assert serving.driver_ready_problems({"status": "not_package_managed"}) == []
+    [problem] = serving.driver_ready_problems({"status": "mismatch",
+                                               "reason": "kernel module 580.126.09, user space 580.159.03"})
+    assert "not ready to serve (mismatch: kernel module 580.126.09, user space 580.159.03)" in problem
+
+
+def test_an_on_demand_rollback_makes_the_previous_deployment_current() -> None:
+    previous = {"deployed_at": "t1", "unit_backup": "/u/1-deployed", "previous": None}
+    current = {"deployed_at": "t2", "unit_backup": "/u/2-deployed", "previous": previous}
+    back = serving.rolled_back_record(current, "t3")
+    assert back == {"deployed_at": "t1", "unit_backup": "/u/1-deployed", "rolled_back_at": "t3",
+                    "previous": {"deployed_at": "t2", "unit_backup": "/u/2-deployed"}}
+    with pytest.raises(serving.ServingError, match=r"previous\.unit_backup"):
+        serving.rolled_back_record({"previous": None}, "t3")

@@ -10,8 +10,8 @@ running beside it, the least any copy that checks every byte and has it on disk 
     make bench-sync                       # or: .venv/bin/python tools/bench_sync.py [--target-gib 4] [--draft-gib 0.5]
 
 Fixtures of a few GB are written with lab/kit/make_models.py into .cache/bench-models, hard-linked into
-ct129's /root/bench-models (through its rootfs), synced to ct200's /root/bench-dest with playbooks/sync_models.yml, and deleted afterwards
-(--keep keeps them). The lab must be up (`make lab-up`).
+ct129's /root/bench-models (through its rootfs), synced to ct200's /root/bench-dest with playbooks/sync_models.yml,
+and deleted afterwards (--keep keeps them). The lab must be up (`make lab-up`).
 """
 
 from __future__ import annotations
@@ -116,10 +116,10 @@ def run_playbook(extra: dict[str, Any] | None = None, before: Any = None, attemp
     raise SystemExit("bench: ct129 stayed unreachable")
 
 
-def tool_json(run: Run, task: str) -> list[dict[str, Any]]:
-    """The manifest tool's JSON outputs of one role task (the json callback prefixes "model_sync : ")."""
+def module_results(run: Run, task: str) -> list[dict[str, Any]]:
+    """The dflash_model_sync results of one role task, per model (the json callback prefixes "model_sync : ")."""
     results = next((rs for name, rs in run.tasks.items() if name.split(" : ", 1)[-1] == task), [])
-    return [json.loads(r["stdout"]) for r in results if r.get("stdout")]
+    return [r for r in results if not r.get("skipped") and "io_read_bytes" in r]
 
 
 CACHE = REPO / ".cache" / "bench-models"
@@ -162,18 +162,20 @@ def staged_bytes() -> int:
 def raw_rsync(flush: bool = False) -> float:
     """`rsync -a` of the same directories, on ct200 pulling from ct129 with the same key, cipher and rrsync;
     with flush, until the copied bytes are on disk (`sync`), as the sync tool's fsync before rename ensures."""
-    e = ("ssh -o BatchMode=yes -o StrictHostKeyChecking=yes -o IdentitiesOnly=yes -i /root/.ssh/dflash_model_sync_ed25519 "
+    e = ("ssh -o BatchMode=yes -o StrictHostKeyChecking=yes -o IdentitiesOnly=yes "
+         "-i /root/.ssh/dflash_model_sync_ed25519 "
          "-o UserKnownHostsFile=/root/.ssh/dflash_model_sync_known_hosts -o GlobalKnownHostsFile=/dev/null "
          "-c aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com")
     addr = CONTAINERS["ct129"].address
     cmds = "; ".join(f"rsync -a -e {shlex.quote(e)} root@{addr}:{n}/ {RAW_ROOT}/{n}/" for n in NAMES)
-    out = ssh("ct200", f"rm -rf {RAW_ROOT}; mkdir -p {RAW_ROOT}; TIMEFORMAT=%R; time ( {cmds}{'; sync' if flush else ''} ) 2>&1")
+    then_sync = "; sync" if flush else ""
+    out = ssh("ct200", f"rm -rf {RAW_ROOT}; mkdir -p {RAW_ROOT}; TIMEFORMAT=%R; time ( {cmds}{then_sync} ) 2>&1")
     return float(out.strip().splitlines()[-1])
 
 
-# The sync tool's own hashing (dflash_infra/manifest.py scan, no cache), run on the host over the fixture
+# The sync's own hashing (the scan of module_utils/dflash_sync, no cache), run on the host over the fixture
 # directories, whose files are the source's files (hard links, so the same page cache).
-_HASH_BESIDE = "import sys; from pathlib import Path; from dflash_infra import manifest; " \
+_HASH_BESIDE = "import sys; from pathlib import Path; from dflash_sync import manifest; " \
                "[manifest.scan(Path(root)) for root in sys.argv[1:]]"
 
 
@@ -193,7 +195,8 @@ def floor_rsync() -> float:
     """`rsync -a`, then `sync`, while the same bytes are hashed by sha256 beside it: the least that any copy
     which checks every byte against the manifest and has it on disk takes on this machine (the hashing wants
     CPU time the transfer also wants). Only with the source in the page cache (the hashing adds no disk reads)."""
-    hasher = subprocess.Popen([sys.executable, "-c", _HASH_BESIDE, *(str(CACHE / n) for n in NAMES)], cwd=REPO)
+    hasher = subprocess.Popen([sys.executable, "-c", _HASH_BESIDE, *(str(CACHE / n) for n in NAMES)], cwd=REPO,
+                              env=dict(os.environ, PYTHONPATH=str(REPO / "module_utils")))
     try:
         return raw_rsync(flush=True)
     finally:
@@ -244,7 +247,7 @@ def measure(repeat: int, warm_src: bool) -> Measured:
             start()
             m.floors.append(floor_rsync())
         run = run_playbook(before=fresh)
-        reports = tool_json(run, "Copy, verify and move the models into place")
+        reports = module_results(run, "Copy, verify and move the models into place")
         m.playbooks.append(run.seconds)
         m.tools.append(sum(r["seconds"] for r in reports))
         m.transfers.append(sum(t["seconds"] for r in reports for t in r["transfers"]))
@@ -254,7 +257,8 @@ def measure(repeat: int, warm_src: bool) -> Measured:
 
 
 def report(m: Measured, total: int) -> None:
-    print(f"  raw rsync -a (same ssh key, cipher, rrsync):      {m.raw:7.2f} s  {mb_s(total, m.raw)}  (runs {fmt(m.raws)})")
+    print(f"  raw rsync -a (same ssh key, cipher, rrsync):      {m.raw:7.2f} s  {mb_s(total, m.raw)}"
+          f"  (runs {fmt(m.raws)})")
     print(f"  raw rsync -a, then sync (bytes on disk):          {m.raw_flushed:7.2f} s  {mb_s(total, m.raw_flushed)}"
           f"  (runs {fmt(m.flushed)})")
     if m.floors:
@@ -297,7 +301,7 @@ def main(argv: list[str] | None = None) -> int:
             drop_caches()
 
         cold = run_playbook(before=cold_start)
-        cold_tool = sum(r["seconds"] for r in tool_json(cold, "Copy, verify and move the models into place"))
+        cold_tool = sum(r["seconds"] for r in module_results(cold, "Copy, verify and move the models into place"))
         # Warm: the normal case, the source manifest is cached; the destination is empty again. Interleaved repeats
         # (raw, raw + sync, [floor,] sync, ...): the host is shared, so single runs drift. Two conditions: the source
         # read from the page cache (as on production, where the source's disk is not the destination's; the lab's
@@ -305,8 +309,8 @@ def main(argv: list[str] | None = None) -> int:
         results = {warm_src: measure(args.repeat, warm_src) for warm_src in (True, False)}
         # No-op re-sync.
         noop = run_playbook()
-        scans = tool_json(noop, "Compute the manifests at the source host (cached by size and mtime)")
-        plans = tool_json(noop, "Compare the destination with the manifests and check the free space")
+        scans = module_results(noop, "Compute the manifests at the source (cached by size and mtime)")
+        plans = module_results(noop, "Compare the destination with the manifests and check the free space")
         # Resume after a kill at ~50%.
         clear_dest()
         drop_caches()
@@ -320,7 +324,7 @@ def main(argv: list[str] | None = None) -> int:
         ssh("ct200", f"kill -KILL -- -{c['rsync_pgid']} {c['pid']}", check=False)
         bg.wait()
         resumed = run_playbook(attempts=1)
-        rep = {r["name"]: r for r in tool_json(resumed, "Copy, verify and move the models into place")}
+        rep = {r["name"]: r for r in module_results(resumed, "Copy, verify and move the models into place")}
         literal = sum(t["stats"].get("literal_data", 0) for r in rep.values() for t in r["transfers"])
         received = sum(t["stats"].get("total_bytes_received", 0) for r in rep.values() for t in r["transfers"])
         partial = sum(t["resumed_bytes"] for r in rep.values() for t in r["transfers"])
@@ -334,11 +338,12 @@ def main(argv: list[str] | None = None) -> int:
                   f"medians of {args.repeat} interleaved runs")
             report(m, total)
         m = results[True]
-        print(f"full sync, cold (source manifest computed too):   {cold.seconds:7.2f} s  ratio {cold.seconds / m.raw:.3f}"
-              f"  (sync tool {cold_tool:.2f} s)")
+        print(f"full sync, cold (source manifest computed too):   {cold.seconds:7.2f} s  "
+              f"ratio {cold.seconds / m.raw:.3f}  (sync tool {cold_tool:.2f} s)")
         print(f"no-op re-sync (whole playbook):                   {noop.seconds:7.2f} s  changed="
               f"{sum(1 for rs in noop.tasks.values() for r in rs if r.get('changed'))}; hashed "
-              f"{sum(s['scan']['hashed_bytes'] for s in scans)} B at the source, {sum(p['hashed_bytes'] for p in plans)} B"
+              f"{sum(s['scan']['hashed_bytes'] for s in scans)} B at the source, "
+              f"{sum(p['plan']['hashed_bytes'] for p in plans)} B"
               f" at the destination; read() bytes {sum(s['io_read_bytes'] for s in scans)} (source scan) + "
               f"{sum(p['io_read_bytes'] for p in plans)} (destination plan) of {total} model bytes")
         print(f"resume after SIGKILL at {at / total:.0%} ({at / 1e9:.2f} GB in staging): re-sync "

@@ -194,10 +194,10 @@ def extract_table(version: str, wheel: WheelInfo) -> dict[str, Any]:
     imported_sglang_version(version)
     parser = build_real_parser()
     fallbacks = resolution_fallbacks()
-    if parser._mutually_exclusive_groups:  # noqa: SLF001 - argparse keeps them private
+    if parser._mutually_exclusive_groups:  # argparse keeps them private
         groups = [
-            {"required": g.required, "dests": [a.dest for a in g._group_actions]}  # noqa: SLF001
-            for g in parser._mutually_exclusive_groups  # noqa: SLF001
+            {"required": g.required, "dests": [a.dest for a in g._group_actions]}
+            for g in parser._mutually_exclusive_groups
         ]
     else:
         groups = []
@@ -220,7 +220,7 @@ def extract_table(version: str, wheel: WheelInfo) -> dict[str, Any]:
         },
         "mutually_exclusive_groups": groups,
         # Registration order: argparse's ambiguity and usage messages follow it.
-        "options": [describe_action(a, fallbacks) for a in parser._actions],  # noqa: SLF001
+        "options": [describe_action(a, fallbacks) for a in parser._actions],
     }
 
 

@@ -78,7 +78,7 @@ class _Collect(logging.Handler):
 def given_only(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """A copy of `parser` whose defaults are suppressed, so parsing yields only given options."""
     quiet = copy.deepcopy(parser)
-    for action in quiet._actions:  # noqa: SLF001 - argparse keeps actions private
+    for action in quiet._actions:  # argparse keeps actions private
         action.default = argparse.SUPPRESS
     return quiet
 
@@ -142,9 +142,9 @@ def run_dflash_hook(namespace: argparse.Namespace) -> dict[str, Any]:
         namespace.device = "cuda"
     server_args = ServerArgs.from_cli_args(namespace)
     # What run_resolution_pipeline sets up before its handlers run.
-    server_args._raw_input = {n: getattr(server_args, n) for n in record_field_names(type(server_args))}  # noqa: SLF001
-    server_args._resolved_overrides = []  # noqa: SLF001
-    server_args._input_frozen = True  # noqa: SLF001
+    server_args._raw_input = {n: getattr(server_args, n) for n in record_field_names(type(server_args))}
+    server_args._resolved_overrides = []
+    server_args._input_frozen = True
     collect = _Collect()
     logging.getLogger().addHandler(collect)
     try:

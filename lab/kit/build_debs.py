@@ -138,7 +138,8 @@ def userspace_set(branch: str, upstream: str, revision: str, smi_source: str) ->
         name=f"libnvidia-gl-{b}", description="NVIDIA OpenGL/GLX/EGL/GLES GLVND libraries and Vulkan ICD",
         multi_arch="same",
         depends=["libc6 (>= 2.34)", exact(f"libnvidia-common-{b}"), kcommon_virtual],
-        provides=["libnvidia-gl", "libegl-vendor", "libglx-vendor"], conflicts=["libnvidia-gl"], replaces=["libnvidia-gl"],
+        provides=["libnvidia-gl", "libegl-vendor", "libglx-vendor"],
+        conflicts=["libnvidia-gl"], replaces=["libnvidia-gl"],
     )
     lib(gl, "libGLX_nvidia.so", upstream, "0")
     lib(gl, "libEGL_nvidia.so", upstream, "0")

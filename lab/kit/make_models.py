@@ -130,10 +130,10 @@ def make_target(out: Path, total_bytes: int) -> dict:
     weight_map: dict[str, str] = {}
     start = 0
     written = 0
-    for shard, count, nbytes in zip(shards, counts, shard_bytes):
+    for shard, count, nbytes in zip(shards, counts, shard_bytes, strict=True):
         chunk = names[start:start + count]
         start += count
-        tensors = [Tensor(n, b) for n, b in zip(chunk, split_bytes(nbytes, [1] * len(chunk)))]
+        tensors = [Tensor(n, b) for n, b in zip(chunk, split_bytes(nbytes, [1] * len(chunk)), strict=True)]
         written += write_safetensors(d / shard["file"], tensors, f"{TARGET}/{shard['file']}")
         weight_map.update({t.name: shard["file"] for t in tensors})
     index = {"metadata": {"total_size": published["index_metadata_total_size"]}, "weight_map": weight_map}
@@ -147,7 +147,7 @@ def make_draft(out: Path, total_bytes: int) -> dict:
     d.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(MODELS_SRC / DRAFT / "config.json", d / "config.json")
     names = draft_tensor_names()
-    tensors = [Tensor(n, b) for n, b in zip(names, split_bytes(total_bytes, [1] * len(names)))]
+    tensors = [Tensor(n, b) for n, b in zip(names, split_bytes(total_bytes, [1] * len(names)), strict=True)]
     written = write_safetensors(d / "model.safetensors", tensors, f"{DRAFT}/model.safetensors")
     return {"name": DRAFT, "path": str(d), "tensors": len(names), "bytes": written}
 

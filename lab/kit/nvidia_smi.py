@@ -21,11 +21,10 @@ from __future__ import annotations
 import json
 import os
 import re
-import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 # Replaced with the package's upstream version when build_debs.py builds nvidia-utils.
 BAKED_VERSION = "@NVIDIA_SMI_VERSION@"
@@ -83,7 +82,7 @@ class Gpu:
     ecc: str
     mig: str
     compute_mode: str
-    processes: list["GpuProcess"] = field(default_factory=list)
+    processes: list[GpuProcess] = field(default_factory=list)
 
     @property
     def memory_used_mib(self) -> int:
@@ -319,7 +318,8 @@ def _gpu_field(names: tuple[str, ...], unit: str | None, fn: Callable[[Gpu, Stat
         GPU_FIELDS[n] = f
 
 
-_gpu_field(("timestamp",), None, lambda g, s: time.strftime("%Y/%m/%d %H:%M:%S.") + f"{int(time.time() * 1000) % 1000:03d}")
+_gpu_field(("timestamp",), None,
+           lambda g, s: time.strftime("%Y/%m/%d %H:%M:%S.") + f"{int(time.time() * 1000) % 1000:03d}")
 _gpu_field(("driver_version",), None, lambda g, s: s.driver_version)
 _gpu_field(("count",), None, lambda g, s: str(len(s.gpus)))
 _gpu_field(("name", "gpu_name"), None, lambda g, s: g.name)
@@ -375,10 +375,12 @@ class CsvFormat:
 def parse_format(spec: str | None) -> CsvFormat:
     """Parse --format; only csv exists for queries."""
     if spec is None:
-        raise SmiError('"--format" is required when using "--query-gpu" or "--query-compute-apps".\n', EXIT_INVALID_ARGUMENT)
+        raise SmiError('"--format" is required when using "--query-gpu" or "--query-compute-apps".\n',
+                       EXIT_INVALID_ARGUMENT)
     parts = [p.strip() for p in spec.split(",") if p.strip()]
     if "csv" not in parts or any(p not in ("csv", "noheader", "nounits") for p in parts):
-        raise SmiError('Invalid combination of input arguments. Please run \'nvidia-smi -h\' for help.\n', EXIT_INVALID_ARGUMENT)
+        raise SmiError("Invalid combination of input arguments. Please run 'nvidia-smi -h' for help.\n",
+                       EXIT_INVALID_ARGUMENT)
     return CsvFormat(header="noheader" not in parts, units="nounits" not in parts)
 
 
@@ -459,9 +461,11 @@ def table(state: State) -> str:
     rule = "+" + "-" * (WIDTH - 2) + "+"
     cols = "+" + "-" * 41 + "+" + "-" * 24 + "+" + "-" * 22 + "+"
     if _branch(state.driver_version) >= 610:
-        head = f" NVIDIA-SMI {state.smi_version:<23}KMD Version: {state.driver_version:<14}CUDA UMD Version: {state.cuda_version}"
+        head = (f" NVIDIA-SMI {state.smi_version:<23}KMD Version: {state.driver_version:<14}"
+                f"CUDA UMD Version: {state.cuda_version}")
     else:
-        head = f" NVIDIA-SMI {state.smi_version:<23}Driver Version: {state.driver_version:<15}CUDA Version: {state.cuda_version}"
+        head = (f" NVIDIA-SMI {state.smi_version:<23}Driver Version: {state.driver_version:<15}"
+                f"CUDA Version: {state.cuda_version}")
     out = [time.asctime() + "       ", rule, _row(head), cols]
     out += [
         "| GPU  Name                 Persistence-M | Bus-Id          Disp.A | Volatile Uncorr. ECC |",
@@ -477,7 +481,8 @@ def table(state: State) -> str:
             f"|{gpu.ecc if gpu.ecc != 'N/A' else 'N/A':>21} |"
         )
         out.append(
-            f"|{gpu.fan:>4}   {str(_temp(gpu)) + 'C':>3}    {_pstate(gpu):>2}{str(_power(gpu)) + 'W':>16} /{str(gpu.power_limit_w) + 'W':>6} "
+            f"|{gpu.fan:>4}   {str(_temp(gpu)) + 'C':>3}    {_pstate(gpu):>2}{str(_power(gpu)) + 'W':>16} "
+            f"/{str(gpu.power_limit_w) + 'W':>6} "
             f"|{str(gpu.memory_used_mib) + 'MiB':>11} /{str(gpu.memory_total_mib) + 'MiB':>10} "
             f"|{str(_util(gpu)) + '%':>8}{gpu.compute_mode:>13} |"
         )
@@ -551,7 +556,7 @@ def parse_args(argv: list[str]) -> Args:
         arg = argv[i]
         key, eq, val = arg.partition("=")
 
-        def value() -> str:
+        def value(key: str = key, eq: str = eq, val: str = val) -> str:
             nonlocal i
             if eq:
                 return val

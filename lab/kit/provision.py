@@ -9,7 +9,6 @@ Everything installed is a lab stand-in and says so (/etc/dflash-lab/README).
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -30,6 +29,7 @@ import make_models  # noqa: E402
 
 PROFILE_DEST = "etc/dflash-lab/gpu-profile.json"
 PROC_VERSION_DEST = "var/lib/dflash-lab/proc/driver/nvidia/version"
+PROC_GPUS_DEST = "var/lib/dflash-lab/proc/driver/nvidia/gpus"
 ARCHIVES = "var/cache/apt/archives"
 STAGING = "var/lib/dflash-lab/debs-staging"
 CHROOT_ENV = ["env", "-i", "PATH=/usr/sbin:/usr/bin:/sbin:/bin", "DEBIAN_FRONTEND=noninteractive", "LC_ALL=C"]
@@ -39,9 +39,10 @@ dflash-lab: this container is a LAB STAND-IN for production host {host} (group {
 Nothing here touches a GPU. Installed by lab/kit/provision of the dflash-infra repository:
 
   /etc/dflash-lab/gpu-profile.json     simulated GPUs and kernel module (from lab/profiles/{host}.yml)
-  /var/lib/dflash-lab/proc/driver/nvidia/version
-                                       stand-in for /proc/driver/nvidia/version (kernel module
-                                       {kver}, {flavor}); roles read it through a path variable
+  /var/lib/dflash-lab/proc/driver/nvidia/version, .../gpus/<bus>/information
+                                       stand-ins for /proc/driver/nvidia (kernel module {kver},
+                                       {flavor}; one information file per GPU, readable without
+                                       NVML); roles read them through a path variable
   /usr/bin/nvidia-smi                  stand-in shipped by the synthetic nvidia-utils-{branch} package
   NVIDIA packages (dpkg -l '*nvidia*') synthetic .debs with Ubuntu's names and dependencies,
                                        user space {installed} installed
@@ -99,12 +100,46 @@ def proc_version_text(km: dict) -> str:
     """/proc/driver/nvidia/version as the open or proprietary module prints it."""
     arch, ver, built = km.get("arch", "x86_64"), km["version"], km.get("built", "")
     if km["flavor"] == "open":
-        first = f"NVRM version: NVIDIA UNIX Open Kernel Module for {arch}  {ver}  Release Build  ({km.get('build', '')})  {built}"
+        first = (f"NVRM version: NVIDIA UNIX Open Kernel Module for {arch}  {ver}  Release Build  "
+                 f"({km.get('build', '')})  {built}")
     elif km["flavor"] == "proprietary":
         first = f"NVRM version: NVIDIA UNIX {arch} Kernel Module  {ver}  {built}"
     else:
         raise ProvisionError(f"kernel_module.flavor is {km['flavor']!r}; expected 'open' or 'proprietary'")
     return f"{first}\nGCC version:  {km.get('gcc', 'gcc version 12.2.0 (Debian 12.2.0-14+deb12u1)')} \n"
+
+
+def proc_bus(pci_bus_id: str) -> str:
+    """nvidia-smi's bus id (00000000:1B:00.0) as the driver names its /proc folder (0000:1b:00.0)."""
+    domain, _, rest = pci_bus_id.partition(":")
+    return f"{int(domain, 16):04x}:{rest.lower()}"
+
+
+def proc_gpu_information(prof_raw: dict, gpu: dict, minor: int) -> str:
+    """/proc/driver/nvidia/gpus/<bus>/information of one GPU, laid out as the real driver writes it (a tab after
+    each label, a space before the value; captured on the H200 test machine). The GSP firmware line carries the
+    kernel module's version for the open module and N/A for the proprietary one."""
+    model, km = prof_raw["gpu_model"], prof_raw["kernel_module"]
+    firmware = km["version"] if km["flavor"] == "open" else "N/A"
+    rows = [("Model: \t\t", model["name"]), ("IRQ:   \t\t", str(40 + minor)), ("GPU UUID: \t", gpu["uuid"]),
+            ("Video BIOS: \t", str(model.get("vbios_version", "00.00.00.00.00")).lower()), ("Bus Type: \t", "PCIe"),
+            ("DMA Size: \t", "52 bits"), ("DMA Mask: \t", "0xfffffffffffff"),
+            ("Bus Location: \t", proc_bus(gpu["pci_bus_id"])), ("Device Minor: \t", str(minor)),
+            ("GPU Firmware: \t", firmware), ("GPU Excluded:\t", "No")]
+    return "".join(f"{label} {value}\n" for label, value in rows)
+
+
+def write_proc_gpus(root: Path, prof_raw: dict) -> int:
+    """One information file per profile GPU under the /proc stand-in (stale ones removed); returns the count."""
+    gpus_dir = root / PROC_GPUS_DEST
+    wanted = {proc_bus(g["pci_bus_id"]): proc_gpu_information(prof_raw, g, minor)
+              for minor, g in enumerate(prof_raw.get("gpus") or [])}
+    if gpus_dir.is_dir():
+        for stale in sorted(p for p in gpus_dir.iterdir() if p.name not in wanted):
+            shutil.rmtree(stale)
+    for bus, text in wanted.items():
+        write_if_changed(gpus_dir / bus / "information", text)
+    return len(wanted)
 
 
 def write_if_changed(path: Path, data: bytes | str, mode: int = 0o644) -> bool:
@@ -246,9 +281,11 @@ def provision(root: Path, host: str) -> list[str]:
 
     write_if_changed(root / PROFILE_DEST, json.dumps(prof.raw, indent=2, sort_keys=True) + "\n")
     write_if_changed(root / PROC_VERSION_DEST, proc_version_text(km))
+    gpu_files = write_proc_gpus(root, prof.raw)
     write_if_changed(root / "usr/lib/tmpfiles.d/dflash-lab.conf", (KIT / "tmpfiles.conf").read_bytes())
     (root / "var/lib/dflash-lab").mkdir(parents=True, exist_ok=True)
-    log.append(f"profile, /proc stand-in ({km['flavor']} {km['version']}) and tmpfiles.d entry written")
+    log.append(f"profile, /proc stand-in ({km['flavor']} {km['version']}, {gpu_files} GPU information files) "
+               "and tmpfiles.d entry written")
 
     log.append(f"user space {prof.installed}: {install_userspace(root, prof, manifest)}")
     log.append(f"apt archives: {place_archives(root, prof, manifest)} .debs of {', '.join(prof.cached)} (with traps)")

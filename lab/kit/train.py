@@ -18,6 +18,7 @@
 #   DFLASH_LAB_GPU_PROCS      registry dir (default /run/dflash-lab/gpu-procs)
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -90,10 +91,8 @@ def register(s: Settings) -> str:
 
 
 def unregister(path: str) -> None:
-    try:
+    with contextlib.suppress(FileNotFoundError):
         os.unlink(path)
-    except FileNotFoundError:
-        pass
 
 
 def progress_line(step: int, total: int) -> str:

@@ -29,11 +29,12 @@ import sys
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any, Callable, Protocol
+from typing import Any, Protocol
 from urllib.parse import parse_qsl, unquote, urlsplit
 
 LAB_DIR = Path(__file__).resolve().parent.parent
@@ -190,7 +191,7 @@ class LabBackend:
 
     def __init__(self, state: Path) -> None:
         sys.path.insert(0, str(LAB_DIR))
-        import labctl  # noqa: PLC0415  (lab/labctl.py, standard library only)
+        import labctl  # lab/labctl.py, standard library only
 
         self.labctl = labctl
         self.settings = dataclasses.replace(labctl.Settings.from_env(), state=state)
@@ -535,7 +536,7 @@ class Api:
                                    "running": int(self.backend.known(name) and self.backend.running(name))}
         if "parent" in conf.main.options:
             current["parent"] = conf.main.options["parent"]
-        return found + [current]
+        return [*found, current]
 
     def snapshot_create(self, vmid: str, params: dict[str, str], user: str, **_: Any) -> str:
         snapname = params.get("snapname", "")
@@ -752,7 +753,7 @@ class Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(body)
 
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002  (BaseHTTPRequestHandler's signature)
+    def log_message(self, format: str, *args: Any) -> None:  # BaseHTTPRequestHandler's signature
         sys.stderr.write(f"pve stand-in: {self.address_string()} {format % args}\n")
 
 

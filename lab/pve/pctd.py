@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import array
+import contextlib
 import json
 import os
 import re
@@ -31,12 +32,12 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Sequence
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-import labctl  # noqa: E402  (lab/labctl.py: machine table, state paths, container leaders)
+import labctl  # lab/labctl.py: machine table, state paths, container leaders
 
 MAGIC = b"PCT1"
 HEADER = struct.Struct(">4sI")  # magic, length of the JSON request that follows
@@ -422,7 +423,7 @@ class Handler(socketserver.BaseRequestHandler):
             return
         try:
             outcome = dispatch(self.server.node, req, conn)
-        except Exception as exc:  # noqa: BLE001  (report any failure to the caller instead of dropping it)
+        except Exception as exc:  # report any failure to the caller instead of dropping it
             if req.fds:
                 write_fd(req.fds[2], f"pct (lab stand-in): internal error: {exc!r}; see <state>/logs/pctd.log\n")
             self.server.log(f"internal error on {req.argv[:2]}: {exc!r}")
@@ -431,10 +432,8 @@ class Handler(socketserver.BaseRequestHandler):
             for fd in req.fds:
                 os.close(fd)
             req.fds = []
-        try:
+        with contextlib.suppress(OSError):
             conn.sendall(json.dumps({"status": outcome.status}).encode() + b"\n")
-        except OSError:
-            pass
         detail = json.dumps(outcome.detail)
         self.server.log(f"{outcome.what} status={outcome.status} seconds={time.monotonic() - started:.3f} "
                         f"argv={detail[:400]}")

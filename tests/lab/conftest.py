@@ -6,10 +6,11 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 from proxmoxer import ProxmoxAPI
@@ -63,6 +64,14 @@ class LabHandle:
         user, token_id = token["full-tokenid"].split("!")
         return ProxmoxAPI("127.0.10.1", port=8006, user=user, token_name=token_id, token_value=token["value"],
                           verify_ssl=str(self.paths.state / "pve" / "tls" / "ca.crt")).nodes("pve1")
+
+    def changeable_state(self, name: str = "ct200") -> str:
+        """What a deploy could change on a container: processes on the GPUs, units, engine, models, records, dpkg."""
+        proc = self.ssh(name, "sh", "-c", "pgrep -af train.py | cut -d' ' -f2-; ls /etc/systemd/system; "
+                        "ls /opt /root/models /var/lib/dflash-infra 2>&1; dpkg-query -W -f='${Package} ${Version} "
+                        "${db:Status-Abbrev}\\n' | sort; apt-mark showhold")
+        assert proc.returncode == 0, proc.stderr
+        return proc.stdout
 
     def ssh(self, name: str, *command: str) -> subprocess.CompletedProcess[str]:
         """Run a command in a container over SSH with the lab key and the lab's known_hosts."""

@@ -10,9 +10,8 @@ from typing import TYPE_CHECKING
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from helpers import ansible_environment, run, tool  # noqa: E402
-
 from dflash_infra import parsers
+from helpers import ansible_environment, run, tool
 
 if TYPE_CHECKING:
     from tests.lab.conftest import LabHandle
@@ -39,9 +38,10 @@ def test_plan_stage_probes_ct200_and_prints_the_plan_and_summary(lab: LabHandle)
 
 
 def test_plan_stage_under_check_mode_changes_nothing(lab: LabHandle) -> None:
+    before = lab.changeable_state()
     proc = plan_stage("--check", "--diff")
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "changed=0" in proc.stdout
+    assert "failed=0" in proc.stdout and lab.changeable_state() == before
 
 
 def test_fresh_ct129_is_in_the_incident_state(lab: LabHandle) -> None:

@@ -22,7 +22,7 @@ import ansible_runner
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from helpers import BIN, ROOT  # noqa: E402
+from helpers import BIN, ROOT
 
 if TYPE_CHECKING:
     from tests.lab.conftest import LabHandle
@@ -53,15 +53,6 @@ def stdout(runner: ansible_runner.Runner) -> str:
     return runner.stdout.read()
 
 
-def host_state(lab: LabHandle) -> str:
-    """What a deploy would change on ct200: processes on the GPUs, units, engine, models, records, dpkg."""
-    proc = lab.ssh("ct200", "sh", "-c", "pgrep -af train.py | cut -d' ' -f2-; ls /etc/systemd/system; "
-                   "ls /opt /root/models /var/lib/dflash-infra 2>&1; dpkg-query -W -f='${Package} ${Version} "
-                   "${db:Status-Abbrev}\\n' | sort; apt-mark showhold")
-    assert proc.returncode == 0, proc.stderr
-    return proc.stdout
-
-
 @pytest.fixture(scope="module")
 def fresh_lab(lab: LabHandle) -> LabHandle:
     lab.cli_ok("reset", "ct200", "ct129")
@@ -69,12 +60,12 @@ def fresh_lab(lab: LabHandle) -> LabHandle:
 
 
 def test_check_on_a_fresh_lab_finishes_and_changes_nothing(fresh_lab: LabHandle, tmp_path: Path) -> None:
-    before = host_state(fresh_lab)
+    before = fresh_lab.changeable_state()
     runner = deploy(tmp_path, "--check", "--diff")
     out = stdout(runner)
     assert runner.rc == 0, out[-5000:]
     assert "would stop 1 process(es)" in out and "check mode: nothing was changed" in out
-    assert host_state(fresh_lab) == before
+    assert fresh_lab.changeable_state() == before
 
 
 def test_deploy_on_a_fresh_lab_passes_every_gate(fresh_lab: LabHandle, tmp_path: Path) -> None:
@@ -106,7 +97,7 @@ def test_check_on_the_converged_lab_reports_no_change(fresh_lab: LabHandle, tmp_
 
 
 def test_wrong_hardware_is_refused_before_any_change(fresh_lab: LabHandle, tmp_path: Path) -> None:
-    before = host_state(fresh_lab)
+    before = fresh_lab.changeable_state()
     eval_hardware = {"group": "eval", "gpu_name": "NVIDIA RTX A6000", "gpu_count": 2, "memory_total_mib": 49140,
                      "compute_cap": "8.6"}
     runner = deploy(tmp_path, extravars={"dflash_expected_hardware": eval_hardware})
@@ -114,7 +105,7 @@ def test_wrong_hardware_is_refused_before_any_change(fresh_lab: LabHandle, tmp_p
     assert runner.rc != 0
     assert ("ct200 has 8x NVIDIA RTX PRO 6000 Blackwell Workstation Edition (97887 MiB); group eval expects "
             "2x NVIDIA RTX A6000 (49140 MiB), compute capability 8.6. Refusing to deploy.") in out
-    assert host_state(fresh_lab) == before
+    assert fresh_lab.changeable_state() == before
 
 
 def test_an_unmanaged_server_on_the_engine_port_is_refused(fresh_lab: LabHandle, tmp_path: Path) -> None:
@@ -137,17 +128,17 @@ def set_kernel_module(lab: LabHandle, version: str) -> None:
     """What a host reboot into another NVIDIA kernel module looks like from ct200 (GPU simulation kit)."""
     script = ("import json, re, pathlib\n"
               "p = pathlib.Path('/etc/dflash-lab/gpu-profile.json'); d = json.loads(p.read_text())\n"
-              "old = d['kernel_module']['version']; d['kernel_module']['version'] = '%s'\n"
+              f"old = d['kernel_module']['version']; d['kernel_module']['version'] = '{version}'\n"
               "p.write_text(json.dumps(d))\n"
               "v = pathlib.Path('/var/lib/dflash-lab/proc/driver/nvidia/version')\n"
-              "v.write_text(v.read_text().replace(old, '%s'))\n") % (version, version)
+              f"v.write_text(v.read_text().replace(old, '{version}'))\n")
     proc = lab.ssh("ct200", "python3", "-c", shlex.quote(script))
     assert proc.returncode == 0, proc.stderr
 
 
 def test_a_kernel_module_without_its_user_space_debs_is_refused_before_any_change(
         fresh_lab: LabHandle, tmp_path: Path) -> None:
-    before = host_state(fresh_lab)
+    before = fresh_lab.changeable_state()
     set_kernel_module(fresh_lab, "595.71.06")
     try:
         runner = deploy(tmp_path)
@@ -155,7 +146,7 @@ def test_a_kernel_module_without_its_user_space_debs_is_refused_before_any_chang
         assert runner.rc != 0
         assert "ct200: missing:" in out and "595.71.06" in out, out[-4000:]
         assert "training_stop :" not in out and "nvidia_userspace : Install" not in out
-        assert host_state(fresh_lab) == before
+        assert fresh_lab.changeable_state() == before
     finally:
         set_kernel_module(fresh_lab, "595.71.05")
 

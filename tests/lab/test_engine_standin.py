@@ -19,9 +19,10 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 import yaml
@@ -124,7 +125,7 @@ def set_flag(argv: list[str], flag: str, value: str | None) -> list[str]:
             continue
         out.append(argv[i])
         i += 1
-    return out if value is None else out + [flag, value]
+    return out if value is None else [*out, flag, value]
 
 
 @pytest.fixture(scope="session")
@@ -330,7 +331,8 @@ def test_startup_log_lines_in_sglang_formats(served: Proc, plan: dict[str, Any])
     gpu_gib = 97887 / 1024
     # What the static pool leaves free is GPU * (1 - mem_fraction_static), as in SGLang.
     assert pool_end[-1] == pytest.approx(gpu_gib * (1 - plan["mem_fraction_static"]), abs=0.05)
-    assert sum(1 for line in lines if "Load weight end." in line and "type=Qwen3_5ForConditionalGeneration" in line) == 8
+    loads = [line for line in lines if "Load weight end." in line and "type=Qwen3_5ForConditionalGeneration" in line]
+    assert len(loads) == 8
     assert any(f"max_running_requests={plan['max_running_requests']}, context_len={plan['context_length']}" in line
                for line in tp0)
 
@@ -531,7 +533,7 @@ def test_standin_and_real_parser_agree(venv_python: Path, planner_argv: list[str
     proc = subprocess.run([str(venv_python), "-c", STANDIN_ARGCHECK], input=json.dumps(argvs),
                           capture_output=True, text=True, check=True)
     ours = json.loads(proc.stdout)
-    for argv_extra, r, o in zip(AGREEMENT_EXTRAS, real, ours):
+    for argv_extra, r, o in zip(AGREEMENT_EXTRAS, real, ours, strict=True):
         assert o["ok"] == r["ok"], f"{argv_extra}: real ok={r['ok']} ({r['error']}), stand-in ok={o['ok']}"
         if r["ok"]:
             assert json.loads(json.dumps(o["namespace"])) == r["namespace"], argv_extra

@@ -10,6 +10,7 @@ two copies of the lab's base rootfs when it exists and the tests run as root.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import os
 import re
@@ -19,8 +20,8 @@ import struct
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 import yaml
@@ -151,8 +152,8 @@ def test_list_gpus_and_queries_follow_public_capture_shapes(tmp_path: Path) -> N
 
 def test_ct200_queries_print_the_profile_in_real_formats(tmp_path: Path) -> None:
     smi = Smi(tmp_path, profile_json("ct200"))
-    out = smi.ok("--query-gpu=index,name,memory.total,memory.used,memory.free,driver_version,compute_cap,pci.bus_id,uuid",
-                 "--format=csv")
+    out = smi.ok("--query-gpu=index,name,memory.total,memory.used,memory.free,driver_version,compute_cap,pci.bus_id,"
+                 "uuid", "--format=csv")
     lines = out.splitlines()
     assert lines[0] == ("index, name, memory.total [MiB], memory.used [MiB], memory.free [MiB], driver_version, "
                         "compute_cap, pci.bus_id, uuid")
@@ -181,7 +182,8 @@ def test_ct200_table_has_the_real_column_layout(tmp_path: Path) -> None:
     real = public_block("### 3.2").splitlines()
     bars = lambda line: [i for i, ch in enumerate(line) if ch == "|"]  # noqa: E731
     assert bars(lines[8]) == bars(real[7]) and bars(lines[9]) == bars(real[8])
-    assert lines[8].startswith("|   0  NVIDIA RTX PRO 6000 Blac...    On  |   00000000:16:00.0 Off |                  Off |")
+    assert lines[8].startswith("|   0  NVIDIA RTX PRO 6000 Blac...    On  |   00000000:16:00.0 Off "
+                               "|                  Off |")
     table = parsers.parse_smi_table(out)
     assert (table.driver_version, table.cuda_version, table.smi_version) == ("595.71.05", "13.2", "595.71.05")
     assert len(table.gpus) == 8 and table.gpus[0].name_truncated
@@ -228,13 +230,15 @@ def test_proc_driver_version_stand_in_has_the_real_first_lines() -> None:
     prop_text = provision.proc_version_text(profile_json("ct129")["kernel_module"])
     real_open = public_block("### 1.1").splitlines()[0]
     real_prop = public_block("### 1.9").splitlines()[1]
-    shape = lambda line: re.sub(r"\d+\.\d+(\.\d+)?|\(.*?\)|[A-Z][a-z]{2} [A-Z][a-z]{2} [ \d]\d [\d:]+ UTC \d{4}", "X", line)  # noqa: E731
+    volatile = r"\d+\.\d+(\.\d+)?|\(.*?\)|[A-Z][a-z]{2} [A-Z][a-z]{2} [ \d]\d [\d:]+ UTC \d{4}"
+    shape = lambda line: re.sub(volatile, "X", line)  # noqa: E731
     assert shape(open_text.splitlines()[0]) == shape(real_open)
     assert shape(prop_text.splitlines()[0]) == shape(real_prop)
     assert open_text.splitlines()[1].startswith("GCC version:  gcc version ") and open_text.endswith(" \n")
     assert parsers.parse_driver(open_text).to_dict()["version"] == "595.71.05"
     assert parsers.parse_driver(open_text).flavor == "open"
-    assert (parsers.parse_driver(prop_text).version, parsers.parse_driver(prop_text).flavor) == ("580.126.09", "proprietary")
+    proprietary = parsers.parse_driver(prop_text)
+    assert (proprietary.version, proprietary.flavor) == ("580.126.09", "proprietary")
 
 
 # ------------------------------------------------------------------ synthetic .debs
@@ -337,7 +341,7 @@ def read_safetensors(path: Path) -> dict:
     header = json.loads(blob[8:8 + n])
     assert n % 8 == 0
     offsets = sorted(v["data_offsets"] for k, v in header.items() if k != "__metadata__")
-    assert offsets[0][0] == 0 and all(a[1] == b[0] for a, b in zip(offsets, offsets[1:]))
+    assert offsets[0][0] == 0 and all(a[1] == b[0] for a, b in itertools.pairwise(offsets))
     assert len(blob) == 8 + n + offsets[-1][1]
     for k, v in header.items():
         if k != "__metadata__":
@@ -428,7 +432,8 @@ def test_run_sh_starts_the_job_in_the_background(tmp_path: Path) -> None:
     pid = int((tmp_path / "train.pid").read_text())
     try:
         wait_for(lambda: "step 1/" in log.read_text(), "the first progress line")
-        assert re.search(r"^\[\d{4}-\d\d-\d\d [\d:]{8}\] step 1/\d+ \| epoch .* \| loss \d+\.\d{4} \|", log.read_text(), re.M)
+        progress = r"^\[\d{4}-\d\d-\d\d [\d:]{8}\] step 1/\d+ \| epoch .* \| loss \d+\.\d{4} \|"
+        assert re.search(progress, log.read_text(), re.M)
         assert [a.pid for a in parsers.parse_apps(smi.ok("--query-compute-apps=pid,process_name,used_gpu_memory",
                                                             "--format=csv"))] == [pid] * 8
     finally:
@@ -458,7 +463,8 @@ def test_provision_installs_the_kit_into_a_rootfs(lab) -> None:
             dpkg = subprocess.run([*chroot, "dpkg-query", "-W", "-f=${Package} ${Version}\\n", "*nvidia*"], text=True,
                                   capture_output=True).stdout
             archives = sorted(p.name for p in (root / "var/cache/apt/archives").glob("*nvidia*.deb"))
-            assert (root / "etc/dflash-lab/README").read_text().startswith("dflash-lab: this container is a LAB STAND-IN")
+            readme = (root / "etc/dflash-lab/README").read_text()
+            assert readme.startswith("dflash-lab: this container is a LAB STAND-IN")
             assert json.loads((root / "etc/dflash-lab/gpu-profile.json").read_text())["host"] == host
             assert (root / "usr/lib/tmpfiles.d/dflash-lab.conf").read_text().count("/run/dflash-lab/gpu-procs") == 1
             proc_version = (root / "var/lib/dflash-lab/proc/driver/nvidia/version").read_text()

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from helpers import BIN, ROOT, run  # noqa: E402
+from helpers import BIN, ROOT, run
 
 if TYPE_CHECKING:
     from tests.lab.conftest import LabHandle

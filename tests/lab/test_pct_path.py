@@ -14,9 +14,10 @@ import re
 import shlex
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
-from typing import TYPE_CHECKING, Iterator
+from typing import TYPE_CHECKING
 
 import ansible_runner
 import pytest
@@ -24,7 +25,7 @@ from ansible.plugins.shell.sh import ShellModule
 from ansible_collections.community.proxmox.plugins.connection.proxmox_pct_remote import Connection
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from helpers import BIN, ROOT  # noqa: E402
+from helpers import BIN, ROOT
 
 if TYPE_CHECKING:
     from tests.lab.conftest import LabHandle

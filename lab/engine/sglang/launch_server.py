@@ -100,7 +100,7 @@ def crash(prefix: str, scheduler_traceback: str) -> int:
 
 def capture_batch_sizes(max_bs: int) -> list[int]:
     """Decode CUDA-graph batch sizes captured up to max_bs."""
-    sizes = [1, 2, 4, 8, 12] + list(range(16, 257, 8)) + list(range(272, 513, 16))
+    sizes = [1, 2, 4, 8, 12, *range(16, 257, 8), *range(272, 513, 16)]
     return [s for s in sizes if s <= max_bs] or [1]
 
 

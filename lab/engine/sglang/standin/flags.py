@@ -14,9 +14,10 @@ import json
 import logging
 import os
 import re
+from collections.abc import Callable
 from decimal import Decimal
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 logger = logging.getLogger("sglang.srt.arg_groups.argparse_actions")
 
@@ -181,7 +182,7 @@ class LoRAPathAction(argparse.Action):
             if lora_path.startswith("{") and lora_path.endswith("}"):
                 obj = json.loads(lora_path)
                 assert "lora_path" in obj and "lora_name" in obj, (
-                    f"{repr(lora_path)} looks like a JSON str, "
+                    f"{lora_path!r} looks like a JSON str, "
                     "but it does not contain 'lora_name' and 'lora_path' keys."
                 )
                 lora_paths.append(obj)

@@ -8,6 +8,7 @@ the format lab/kit/nvidia_smi.py reads, so `nvidia-smi --query-compute-apps` lis
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from dataclasses import dataclass
@@ -92,7 +93,5 @@ def register(env: dict[str, str], gpus: list[int], used_memory_mib: int) -> str 
 def unregister(path: str | None) -> None:
     """Remove the registration (the driver frees a dead process's memory; so does nvidia-smi's stand-in)."""
     if path:
-        try:
+        with contextlib.suppress(FileNotFoundError):
             os.unlink(path)
-        except FileNotFoundError:
-            pass

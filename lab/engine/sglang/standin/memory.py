@@ -205,7 +205,7 @@ class Startup:
 
     def used_mib(self, gpu_mib: int, gpu_used_mib: int) -> int:
         """Memory this process holds per GPU, as nvidia-smi would list it."""
-        return int(round(gpu_mib - gpu_used_mib - self.after_graphs * 1024))
+        return round(gpu_mib - gpu_used_mib - self.after_graphs * 1024)
 
 
 def simulate(i: Inputs) -> Startup:
@@ -226,7 +226,7 @@ def simulate(i: Inputs) -> Startup:
     kv_bytes = DTYPE_BYTES.get(kv_dtype, 2)
 
     rest = avail_begin - target_w - draft_w - total * (1 - fraction)
-    full, linear = layer_kinds(i.target_config)
+    _full, linear = layer_kinds(i.target_config)
     running = i.max_running_requests
     conv = ssm = inter_ssm = inter_conv = 0.0
     slots = 0
@@ -256,7 +256,8 @@ def simulate(i: Inputs) -> Startup:
         running = max(1, min(4096, tokens // 2))
     return Startup(
         mem_fraction_static=fraction, chunked_prefill_size=chunked, cuda_graph_max_bs=graph_bs,
-        kv_dtype=TORCH_DTYPES.get(kv_dtype, f"torch.{kv_dtype}"), model_dtype=TORCH_DTYPES.get(mdtype, f"torch.{mdtype}"),
+        kv_dtype=TORCH_DTYPES.get(kv_dtype, f"torch.{kv_dtype}"),
+        model_dtype=TORCH_DTYPES.get(mdtype, f"torch.{mdtype}"),
         avail_begin=avail_begin, target_weights=target_w, draft_weights=draft_w,
         mamba_slots=slots, conv_state=conv, ssm_state=ssm, intermediate_ssm=inter_ssm, intermediate_conv=inter_conv,
         hybrid=bool(linear), kv_tokens=tokens,

@@ -131,7 +131,7 @@ class Handler(BaseHTTPRequestHandler):
     state: EngineState  # set on the subclass by make_server
 
     # -- plumbing ---------------------------------------------------------------------------------
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - BaseHTTPRequestHandler's name
+    def log_message(self, format: str, *args: Any) -> None:  # BaseHTTPRequestHandler's name
         return
 
     def _access(self, code: int) -> None:
@@ -169,7 +169,7 @@ class Handler(BaseHTTPRequestHandler):
         return data
 
     # -- routes -------------------------------------------------------------------------------------
-    def do_GET(self) -> None:  # noqa: N802 - http.server's naming
+    def do_GET(self) -> None:  # http.server's naming
         path = self.path.split("?", 1)[0]
         ready = self.state.ready.is_set()
         if path in ("/health", "/health_generate", "/ready"):
@@ -191,7 +191,7 @@ class Handler(BaseHTTPRequestHandler):
         else:
             self._json(404, {"detail": "Not Found"})
 
-    def do_POST(self) -> None:  # noqa: N802 - http.server's naming
+    def do_POST(self) -> None:  # http.server's naming
         path = self.path.split("?", 1)[0]
         if path not in ("/generate", "/v1/chat/completions", "/v1/completions"):
             self._json(404, {"detail": "Not Found"})
@@ -241,7 +241,8 @@ class Handler(BaseHTTPRequestHandler):
         meta = result["meta_info"]
         finish = "length" if limit else "stop"
         matched = None if limit else self.state.eos_token_id
-        usage = {"prompt_tokens": meta["prompt_tokens"], "total_tokens": meta["prompt_tokens"] + meta["completion_tokens"],
+        usage = {"prompt_tokens": meta["prompt_tokens"],
+                 "total_tokens": meta["prompt_tokens"] + meta["completion_tokens"],
                  "completion_tokens": meta["completion_tokens"], "prompt_tokens_details": None, "reasoning_tokens": 0}
         if chat:
             choice = {"index": 0, "message": {"role": "assistant", "content": result["text"].strip(),

@@ -1,0 +1,124 @@
+"""Step 4 of a plan: attention kernels for the GPU generation and the engine command line.
+
+The argv is rendered with the flag table of the request's SGLang release, so a setting that release
+does not accept is an error naming the flag, never a silent omission.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from dflash_infra import engine
+from dflash_infra.planning.notes import Notes
+from dflash_infra.planning.sizing import MAMBA_FULL_MEMORY_RATIO, Layout
+from dflash_infra.planning.topology import Topology
+from dflash_infra.planning.validate import Request, Speculative
+
+# Kernel settings a request may override (overrides.<name>), in the engine's own words.
+KERNEL_OVERRIDES = ("attention_backend", "prefill_attention_backend", "decode_attention_backend",
+                    "draft_attention_backend", "mamba_ssm_dtype")
+
+
+@dataclass(frozen=True)
+class Kernels:
+    """Attention backends and SSM state dtype (setting -> value) and why they were picked."""
+
+    settings: dict[str, Any]
+    reason: str
+
+    @property
+    def ssm_dtype(self) -> str | None:
+        """The mamba SSM state dtype the engine is told to use (None: the model's own)."""
+        value = self.settings.get("mamba_ssm_dtype")
+        return None if value is None else str(value)
+
+
+@dataclass(frozen=True)
+class Rendered:
+    """The engine argv (empty when a flag is refused) and the plan's `speculative` section."""
+
+    args: list[str]
+    speculative: dict[str, Any]
+
+
+def _generation_kernels(compute_cap: str | None, hybrid: bool) -> tuple[dict[str, Any], str]:
+    """Attention backends per GPU generation: compute capability 12.x (sm_120) has no FlashAttention 3."""
+    cc = compute_cap or ""
+    if cc.startswith("12.") and hybrid:
+        return ({"prefill_attention_backend": "triton", "decode_attention_backend": "flashinfer",
+                 "mamba_ssm_dtype": "bfloat16", "draft_attention_backend": "flashinfer"},
+                f"sm_{cc.replace('.', '')} has no FlashAttention 3; the known working mix for hybrid GDN "
+                "models there is triton prefill + flashinfer decode + bf16 SSM state")
+    return ({"draft_attention_backend": "flashinfer"},
+            f"compute capability {cc or 'unknown'}: engine default attention backends; flashinfer for the drafter")
+
+
+def kernel_settings(request: Request) -> Kernels:
+    """The kernels for the first GPU's generation, with the request's overrides on top."""
+    settings, reason = _generation_kernels(request.gpus[0].compute_cap, request.target.is_hybrid)
+    for key in KERNEL_OVERRIDES:
+        if request.overrides.get(key):
+            settings[key] = request.overrides[key]
+    if not request.speculative.enabled:
+        settings.pop("draft_attention_backend", None)
+    return Kernels(settings, reason)
+
+
+def speculative_section(spec: Speculative) -> dict[str, Any]:
+    """The plan's `speculative` section (empty when speculative decoding is off)."""
+    if not spec.enabled:
+        return {}
+    return {"mode": spec.mode, "algorithm": spec.algorithm, "block_size": spec.block_size,
+            "draft_window": spec.draft_window, "tree_budget": spec.tree_budget,
+            "max_draft_tokens": spec.max_draft_tokens}
+
+
+def engine_values(request: Request, topology: Topology, chosen: Layout, context: int,
+                  kernels: Kernels) -> dict[str, Any]:
+    """Planner setting -> value for the engine (None leaves a setting to the engine's default)."""
+    serve, spec = request.serve, request.speculative
+    values: dict[str, Any] = {
+        "model_path": request.model_path,
+        "served_model_name": serve.get("served_model_name"),
+        "host": serve.get("host"),
+        "port": serve.get("port"),
+        "tp_size": topology.tp,
+        "dp_size": topology.dp if topology.dp > 1 else None,
+        "mem_fraction_static": chosen.fraction,
+        "max_running_requests": chosen.max_running,
+        "context_length": context,
+        "chunked_prefill_size": chosen.chunked_prefill_size,
+        "cuda_graph_max_bs": min(chosen.cuda_graph_max_bs, chosen.max_running),
+        "mamba_full_memory_ratio": MAMBA_FULL_MEMORY_RATIO if request.target.is_hybrid else None,
+        **kernels.settings,
+    }
+    if spec.enabled:
+        values.update({
+            "speculative_algorithm": spec.algorithm,
+            "draft_model_path": request.draft_path,
+            "block_size": spec.block_size,
+            "draft_window": spec.draft_window,
+            "tree_budget": spec.tree_budget,
+        })
+    return values
+
+
+def render(request: Request, topology: Topology, chosen: Layout, context: int, kernels: Kernels,
+           notes: Notes) -> Rendered:
+    """The engine argv of the plan; flags the release does not accept are errors and leave the argv empty."""
+    spec = request.speculative
+    notes.reasons["kernels"] = kernels.reason
+    section = speculative_section(spec)
+    if spec.enabled:
+        notes.reasons["speculative"] = (f"{spec.mode}: block {spec.block_size}, window {spec.draft_window}"
+                                        + (f", tree budget {spec.tree_budget}" if spec.tree_budget else "")
+                                        + f", cap {spec.max_draft_tokens}")
+    values = engine_values(request, topology, chosen, context, kernels)
+    argv, flag_errors = engine.render_argv(values, request.engine.version, request.engine.table)
+    if spec.mode == "ddtree":
+        flag_errors = [e + " (ddtree needs an engine build with draft trees; refusing to fall back to linear "
+                       "DFLASH silently)" if e.startswith("tree_budget") else e for e in flag_errors]
+    notes.errors.extend(flag_errors)
+    notes.reasons["args"] = f"flags as spelled by SGLang {request.engine.release} (extracted flag table)"
+    return Rendered(argv if not flag_errors else [], section)

@@ -1,0 +1,99 @@
+"""The last words of every run, per host: what this run did and what it found, one line per concern.
+
+Built from the run's facts (host_state, the plan, the roles' results, the deployment record) by the
+deploy_summary role; a line is left out when its stage did not run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+
+def _short(digest: Any) -> str:
+    return str(digest)[:16] if digest else "not verified"
+
+
+def host_line(host: str, groups: Sequence[str], check_mode: bool) -> str:
+    named = [g for g in groups if g not in ("proxmox_containers", "all", "ungrouped")]
+    return f"{host} ({', '.join(named)}){' [check mode: nothing was changed]' if check_mode else ''}:"
+
+
+def gpu_lines(state: Mapping[str, Any]) -> list[str]:
+    if "identity" not in state:
+        return ["GPUs: not probed (offline plan)"]
+    gpus = (state.get("identity") or {}).get("gpus") or []
+    km = state.get("kernel_module") or {}
+    name = gpus[0].get("name") if gpus else "none"
+    out = [f"GPUs: {len(gpus)} x {name}, kernel module {km.get('version') or 'not loaded'} ({km.get('flavor') or '-'})"]
+    if state.get("driver"):
+        out.append(f"driver: {state['driver'].get('reason')}")
+    return out
+
+
+def proxmox_lines(proxmox: Mapping[str, Any]) -> list[str]:
+    out = []
+    if proxmox.get("audit"):
+        out.append(f"container: {proxmox.get('status') or '?'} on {proxmox.get('node')}, GPU passthrough "
+                   f"{proxmox['audit'].get('status')}")
+    if proxmox.get("snapshot"):
+        snap = proxmox["snapshot"]
+        out.append(f"snapshot: {snap.get('name')} before {snap.get('stage')} "
+                   "(back to it: playbooks/rollback.yml -e dflash_rollback=container)")
+    return out
+
+
+def plan_line(plan: Mapping[str, Any]) -> str:
+    if not plan:
+        return "plan: not computed in this run"
+    return (f"plan: tp {plan.get('tp_size')} x dp {plan.get('dp_size')} on GPUs {plan.get('gpu_ids')}, "
+            f"mem_fraction_static {plan.get('mem_fraction_static')}, max_running_requests "
+            f"{plan.get('max_running_requests')}, context {plan.get('context_length')}")
+
+
+def training_line(record: Mapping[str, Any] | None, record_path: str, check_mode: bool) -> str | None:
+    """`record` is training_stop's record of what it stopped ({} when nothing ran; None: the stage did not run)."""
+    if record is None:
+        return None
+    processes = record.get("processes") or []
+    if not processes:
+        return "training: none running"
+    verb = "would stop" if check_mode else "stopped"
+    return f"training: {verb} {len(processes)} process(es), record {record_path}"
+
+
+def models_line(models: Mapping[str, Mapping[str, Any]], model_root: str, synced_this_run: bool | None) -> str | None:
+    if not models:
+        return None
+    listed = ", ".join(f"{key} manifest {_short(m.get('manifest_sha256'))}" for key, m in models.items())
+    if synced_this_run is None:
+        return f"models: {listed} at {model_root}"
+    return f"models: {listed} {'synced and verified' if synced_this_run else 'verified'} at {model_root}"
+
+
+def engine_line(engine: Mapping[str, Any] | None, check_mode: bool) -> str | None:
+    if not engine:
+        return None
+    prefix = "would install " if check_mode and not engine.get("probed") else ""
+    return f"engine: {prefix}{engine.get('name')} {engine.get('version')} at {engine.get('venv')}"
+
+
+def serving_lines(record: Mapping[str, Any] | None, url: str, model_name: str, unit: str) -> list[str]:
+    if not record:
+        return []
+    gates = record.get("gates") or {}
+    return [f"serving: {url}/v1 ({model_name}), unit {unit}, record deployed_at {record.get('deployed_at') or '?'}",
+            f"gates: {gates.get('state') or '?'} ({gates.get('detail') or ''})"]
+
+
+def lines(*, host: str, groups: Sequence[str], check_mode: bool, state: Mapping[str, Any], plan: Mapping[str, Any],
+          proxmox: Mapping[str, Any], training: Mapping[str, Any] | None, training_record_path: str,
+          models: Mapping[str, Mapping[str, Any]], model_root: str, synced_this_run: bool | None,
+          engine: Mapping[str, Any] | None, record: Mapping[str, Any] | None, url: str, model_name: str,
+          unit: str) -> list[str]:
+    """Every line of one host's summary, in the order of the deploy's stages."""
+    out: list[str | None] = [host_line(host, groups, check_mode), *gpu_lines(state), *proxmox_lines(proxmox),
+                             plan_line(plan), training_line(training, training_record_path, check_mode),
+                             models_line(models, model_root, synced_this_run), engine_line(engine, check_mode),
+                             *serving_lines(record, url, model_name, unit)]
+    return [line for line in out if line]

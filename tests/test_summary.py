@@ -1,0 +1,74 @@
+"""The deploy's summary per host (dflash_infra.summary): one line per stage that ran, in stage order."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from dflash_infra import summary
+
+PRO6000 = {"name": "NVIDIA RTX PRO 6000 Blackwell Workstation Edition"}
+STATE = {"identity": {"source": "nvidia-smi", "gpus": [PRO6000] * 8},
+         "kernel_module": {"version": "595.71.05", "flavor": "open"},
+         "driver": {"reason": "user space equals the kernel module (595.71.05)"}}
+PLAN = {"tp_size": 2, "dp_size": 4, "gpu_ids": [0, 1, 2, 3, 4, 5, 6, 7], "mem_fraction_static": 0.782,
+        "max_running_requests": 31, "context_length": 262144}
+MODELS = {"target": {"path": "/root/models/Qwen3.6-27B", "manifest_sha256": "0123456789abcdef" * 4},
+          "draft": {"path": "/root/models/Qwen3.6-27B-DFlash", "manifest_sha256": None}}
+RECORD = {"deployed_at": "2026-12-01T09:00:00+00:00", "gates": {"state": "ready", "detail": "all gates passed"}}
+
+
+def inputs(**changes: Any) -> dict[str, Any]:
+    base: dict[str, Any] = {
+        "state": STATE, "plan": PLAN, "proxmox": {"status": None, "node": "pve1", "audit": None, "snapshot": None},
+        "training": {"processes": [{"pid": 1}, {"pid": 2}]},
+        "training_record_path": "/var/lib/dflash-infra/stopped-training.json", "models": MODELS,
+        "model_root": "/root/models", "synced_this_run": True,
+        "engine": {"name": "sglang", "version": "0.5.23", "venv": "/opt/sglang/venv", "probed": True},
+        "record": RECORD, "url": "http://127.0.0.1:30000", "model_name": "Qwen3.6-27B", "unit": "sglang-qwen.service"}
+    return base | changes
+
+
+def test_a_full_deploy_names_every_stage_in_order() -> None:
+    lines = summary.lines(host="ct200", groups=["proxmox_containers", "pro6000"], check_mode=False, **inputs())
+    assert lines == [
+        "ct200 (pro6000):",
+        "GPUs: 8 x NVIDIA RTX PRO 6000 Blackwell Workstation Edition, kernel module 595.71.05 (open)",
+        "driver: user space equals the kernel module (595.71.05)",
+        "plan: tp 2 x dp 4 on GPUs [0, 1, 2, 3, 4, 5, 6, 7], mem_fraction_static 0.782, max_running_requests 31, "
+        "context 262144",
+        "training: stopped 2 process(es), record /var/lib/dflash-infra/stopped-training.json",
+        "models: target manifest 0123456789abcdef, draft manifest not verified synced and verified at /root/models",
+        "engine: sglang 0.5.23 at /opt/sglang/venv",
+        "serving: http://127.0.0.1:30000/v1 (Qwen3.6-27B), unit sglang-qwen.service, record deployed_at "
+        "2026-12-01T09:00:00+00:00",
+        "gates: ready (all gates passed)",
+    ]
+
+
+def test_check_mode_and_stages_that_did_not_run() -> None:
+    lines = summary.lines(host="ct200", groups=["pro6000"], check_mode=True,
+                          **inputs(training={"processes": [{"pid": 7}]},
+                                   engine={"name": "sglang", "version": "0.5.23", "venv": "/v", "probed": False},
+                                   record=None, synced_this_run=None))
+    assert lines[0] == "ct200 (pro6000) [check mode: nothing was changed]:"
+    assert "training: would stop 1 process(es), record /var/lib/dflash-infra/stopped-training.json" in lines
+    assert "engine: would install sglang 0.5.23 at /v" in lines
+    assert not any(line.startswith(("serving:", "gates:")) for line in lines)
+
+
+def test_an_offline_plan_and_a_proxmox_guard() -> None:
+    proxmox = {"status": "running", "node": "pve1", "audit": {"status": "ok"},
+               "snapshot": {"name": "dflash-align-20261201-090000", "stage": "align"}}
+    lines = summary.lines(host="ct129", groups=["eval"], check_mode=False,
+                          **inputs(state={}, proxmox=proxmox, training=None, models={}, engine=None, record=None))
+    assert lines[1] == "GPUs: not probed (offline plan)"
+    assert "container: running on pve1, GPU passthrough ok" in lines
+    assert ("snapshot: dflash-align-20261201-090000 before align (back to it: playbooks/rollback.yml -e "
+            "dflash_rollback=container)") in lines
+    assert not any(line.startswith(("training:", "models:")) for line in lines)
+
+
+def test_no_training_job_is_said_so() -> None:
+    lines = summary.lines(host="ct200", groups=["pro6000"], check_mode=False,
+                          **inputs(training={}))
+    assert "training: none running" in lines
