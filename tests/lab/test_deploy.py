@@ -82,6 +82,14 @@ def test_deploy_on_a_fresh_lab_passes_every_gate(fresh_lab: LabHandle, tmp_path:
         models = json.load(response)
     assert [m["id"] for m in models["data"]] == ["Qwen3.6-27B"]
     assert "train.py" not in fresh_lab.ssh("ct200", "pgrep", "-af", "train.py").stdout
+    # The record names the very manifests the source has (its manifest cache on ct129) for both models.
+    for role, name in (("target", "Qwen3.6-27B"), ("draft", "Qwen3.6-27B-DFlash")):
+        source = json.loads(fresh_lab.ssh("ct129", "cat", f"/var/cache/dflash-infra/manifests/{name}.json").stdout)
+        assert record["models"][role] == {"path": f"/root/models/{name}", "manifest_sha256": source["manifest_sha256"]}
+    # ... and the unit names them too, with the driver it runs on (a change of either restarts the engine).
+    unit_file = fresh_lab.ssh("ct200", "cat", "/etc/systemd/system/sglang-qwen.service").stdout
+    assert f"manifest {record['models']['target']['manifest_sha256']}" in unit_file
+    assert "NVIDIA user space 595.71.05 on kernel module 595.71.05" in unit_file
 
 
 def test_second_run_changes_nothing(fresh_lab: LabHandle, tmp_path: Path) -> None:
@@ -94,6 +102,19 @@ def test_check_on_the_converged_lab_reports_no_change(fresh_lab: LabHandle, tmp_
     runner = deploy(tmp_path, "--check", "--diff")
     assert runner.rc == 0, stdout(runner)[-5000:]
     assert changed(runner) == 0
+
+
+@pytest.mark.parametrize("stage", ["plan", "stop_training", "align_driver", "sync_models", "serve"])
+def test_each_stage_alone_agrees_with_the_deploy(fresh_lab: LabHandle, tmp_path: Path, stage: str) -> None:
+    # One plan whatever the entry point: after the full deploy, every stage playbook run on its own plans what
+    # the deploy planned (from what the host has) and finds nothing to change.
+    before = json.loads(fresh_lab.ssh("ct200", "cat", "/var/lib/dflash-infra/deployment.json").stdout)
+    runner = ansible_runner.run(**{**runner_args(tmp_path), "playbook": f"playbooks/{stage}.yml"})
+    out = stdout(runner)
+    assert runner.rc == 0, out[-5000:]
+    assert changed(runner) == 0, out[-5000:]
+    after = json.loads(fresh_lab.ssh("ct200", "cat", "/var/lib/dflash-infra/deployment.json").stdout)
+    assert after == before
 
 
 def test_wrong_hardware_is_refused_before_any_change(fresh_lab: LabHandle, tmp_path: Path) -> None:
