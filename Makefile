@@ -13,7 +13,9 @@ export ANSIBLE_CONFIG := $(abspath ansible.cfg)
 PLAYBOOKS := deploy_dflash.yml $(wildcard playbooks/*.yml)
 # What mypy checks strictly (pyproject.toml [tool.mypy]); library/ and module_utils/ once they exist.
 TYPED := $(wildcard dflash_infra library module_utils action_plugins callback_plugins)
-PYTEST_ARGS ?= --durations=15
+PYTEST_ARGS ?= --durations=25
+# The unit tier: no lab, no SGLang parser venv, no engine stand-in wheel; it runs first and stops at a failure.
+UNIT := -m "not lab and not sglang_parser and not standin"
 
 .PHONY: help setup lock sglang-env sglang-flags lint syntax test test-unit plan bench-plan bench-sync bench-deploy device-check lab-wheels lab-up lab-down lab-status demo clean
 
@@ -52,11 +54,13 @@ syntax: setup
 	@for pb in $(PLAYBOOKS); do $(BIN)/ansible-playbook --syntax-check -i inventory/production "$$pb" >/dev/null || exit 1; done
 	@echo "syntax-check: $(words $(PLAYBOOKS)) playbooks OK"
 
-test-unit: setup ## fast tests: planner, parsers, filters, playbook wiring (no lab, no SGLang env)
-	$(BIN)/pytest -m "not lab and not sglang_parser" $(PYTEST_ARGS)
+test-unit: setup ## fast tests, first and failing fast: planner, parsers, modules, filters, wiring (no lab, no SGLang env)
+	$(BIN)/pytest -x $(UNIT) --durations=10
 
-test: setup sglang-env lab-wheels lint ## everything CI runs: setup, lint, unit, real-parser and lab tests
-	$(BIN)/pytest $(PYTEST_ARGS)
+test: setup ## everything CI runs: the unit tier, then lint beside the slow set-up, then real-parser and lab tests
+	$(MAKE) --no-print-directory test-unit
+	$(MAKE) --no-print-directory -j4 --output-sync=target sglang-env lab-wheels lint lab-up
+	$(BIN)/pytest -m "lab or sglang_parser or standin" $(PYTEST_ARGS)
 
 plan: setup ## print the plans of the example requests (examples/*.yml)
 	@for req in examples/*.yml; do echo "== $$req"; $(BIN)/dflash-infra plan "$$req" --format table || true; done
