@@ -55,7 +55,7 @@ syntax: setup
 	@echo "syntax-check: $(words $(PLAYBOOKS)) playbooks OK"
 
 test-unit: setup ## fast tests, first and failing fast: planner, parsers, modules, filters, wiring (no lab, no SGLang env)
-	$(BIN)/pytest -x $(UNIT) --durations=10
+	$(BIN)/pytest -x -n 2 $(UNIT) --durations=10
 
 test: setup ## everything CI runs: the unit tier, then lint beside the slow set-up, then real-parser and lab tests
 	$(MAKE) --no-print-directory test-unit

@@ -50,6 +50,10 @@ def weights_bytes(name: str) -> int | None:
 
 def expected_gpus(hardware: dict[str, Any]) -> list[dict[str, Any]]:
     """The GPU list a group's expected hardware declares, in nvidia-smi's shape (for offline plans)."""
+    missing = [key for key in ("gpu_name", "gpu_count", "memory_total_mib") if key not in hardware]
+    if missing:
+        raise ValueError(f"dflash_expected_hardware: expected gpu_name, gpu_count and memory_total_mib, found no "
+                         f"{', '.join(missing)} (group_vars/<group>.yml)")
     return [{"index": i, "name": hardware["gpu_name"], "memory_total_mib": int(hardware["memory_total_mib"]),
              "compute_cap": str(hardware.get("compute_cap")) if hardware.get("compute_cap") else None}
             for i in range(int(hardware["gpu_count"]))]

@@ -20,7 +20,7 @@ import yaml
 
 DATA = Path(__file__).resolve().parent / "data"
 
-# Oldest release with each capability the planner relies on (FACTS.md, SGLang section).
+# Oldest release with each capability the planner relies on (SGLang release notes; the flag tables prove them).
 DFLASH_SINCE = (0, 5, 11)
 DRAFT_SLIDING_WINDOW_SINCE = (0, 5, 15)
 

@@ -146,14 +146,34 @@ def gpu_holders(state: Mapping[str, Any], gpu_ids: Sequence[int], allowed_pids: 
             and (not wanted or index_of.get(p.get("gpu_uuid")) in wanted)]
 
 
+def protected_pids(state: Mapping[str, Any]) -> list[int]:
+    """The processes the training job's selection never stops (the engine's), as host_state found them."""
+    return [int(p["pid"]) for p in ((state.get("training") or {}).get("protected") or [])]
+
+
 def training_idle(state: Mapping[str, Any], gpu_ids: Sequence[int]) -> bool:
     """Whether host_state already shows that there is nothing to stop: it looked for the training job and found
-    none, and nvidia-smi listed no process but the protected ones (the engine) on the GPUs the plan needs."""
+    none, and nvidia-smi listed no process but the protected ones (the engine) on the GPUs the plan needs, or
+    cannot run at all (a driver/library mismatch: the GPUs are checked once the driver is aligned)."""
     training = state.get("training") or {}
-    if not training.get("looked_for") or training.get("roots") or state.get("smi", {}).get("status") != "ok":
+    if not training.get("looked_for") or training.get("roots"):
         return False
-    protected = [int(p["pid"]) for p in training.get("protected") or []]
-    return not gpu_holders(state, gpu_ids, protected)
+    return state.get("smi", {}).get("status") != "ok" or not gpu_holders(state, gpu_ids, protected_pids(state))
+
+
+def gpu_holders_problems(state: Mapping[str, Any], host: str, gpu_ids: Sequence[int]) -> list[str]:
+    """Why the GPUs the plan needs are not free by host_state (nvidia-smi's processes but the engine's)."""
+    if state.get("smi", {}).get("status") != "ok":
+        return [f"{host}: nvidia-smi {state.get('smi', {}).get('status')}: the GPUs cannot be checked. Expected a "
+                "working nvidia-smi after the driver alignment; run the deploy again once the driver is aligned"]
+    holders = gpu_holders(state, gpu_ids, protected_pids(state))
+    if not holders:
+        return []
+    items = "; ".join(f"pid {h.get('pid')} ({h.get('process_name')}) with {h.get('used_memory_mib')} MiB"
+                      for h in holders)
+    return [f"{host}: expected the GPUs the plan needs ({', '.join(map(str, gpu_ids)) or 'all'}) to be free, found "
+            f"{items}. Nothing else was changed. Find the owner with `ps -o pid,user,lstart,args -p <pid>`, stop it, "
+            "and run the play again"]
 
 
 def driver_protection_needed(plan: Mapping[str, Any], state: Mapping[str, Any], hold: bool, pin_path: str,

@@ -87,46 +87,38 @@ def shm_problems(host: str, tp: int, shm_bytes: int | None) -> list[str]:
     return []
 
 
-def port_problems(host: str, port: int, listeners: Sequence[Mapping[str, Any]], own_pids: Sequence[int]) -> list[str]:
-    """The engine port must be free or held by our own unit (an unmanaged duplicate server is refused)."""
-    strangers = [entry for entry in listeners if int(entry.get("pid") or 0) not in set(own_pids)]
-    if not strangers:
-        return []
-    who = ", ".join(f"{e.get('process') or '?'} (pid {e.get('pid') or '?'})" for e in strangers)
-    return [f"{host}: port {port} is held by {who}, which is not the engine service this deploy manages. "
-            "Stop that server (or choose another dflash_service_port) and re-run."]
+# Listen addresses that take a port on every address.
+WILDCARDS = ("0.0.0.0", "[::]", "::", "*", "")
 
 
-def holder_problems(host: str, port: int, holders: Sequence[Mapping[str, Any]], unit: str) -> list[str]:
-    """The port's listeners (dflash_host_state: pid, process, unit) must all belong to our engine's unit."""
-    strangers = [h for h in holders if h.get("unit") != unit]
+def _address(local: str) -> str:
+    """The address part of 'address:port' (IPv6 in brackets)."""
+    return local.rsplit(":", 1)[0] if ":" in local else local
+
+
+def overlaps(listen: str, local: str) -> bool:
+    """Whether a socket bound to `local` (address:port) takes the port from an engine listening on `listen`: the
+    same address, or a wildcard on either side (one network namespace may carry other hosts' addresses)."""
+    theirs = _address(local)
+    return listen in WILDCARDS or theirs in WILDCARDS or theirs == listen or theirs.strip("[]") == listen.strip("[]")
+
+
+def holder_problems(host: str, port: int, holders: Sequence[Mapping[str, Any]], unit: str,
+                    listen: str = "") -> list[str]:
+    """The port's listeners (dflash_host_state: pid, process, unit, local) that would take it from the engine
+    listening on `listen` must all belong to our engine's unit."""
+    strangers = [h for h in holders if h.get("unit") != unit and overlaps(listen, str(h.get("local") or ""))]
     if not strangers:
         return []
-    who = ", ".join(f"{h.get('process') or '?'} (pid {h.get('pid') or '?'}"
-                    + (f", unit {h['unit']}" if h.get("unit") else "") + ")" for h in strangers)
+    who = ", ".join(f"{h.get('process') or 'a process of another PID namespace'} (pid {h.get('pid') or '?'}"
+                    + (f", unit {h['unit']}" if h.get("unit") else "") + f", on {h.get('local')})" for h in strangers)
     return [f"{host}: port {port} is held by {who}, which is not the engine service this deploy manages "
             f"({unit}). Stop that server (or choose another dflash_service_port) and re-run."]
 
 
-def serving_problems(host: str, state: Mapping[str, Any], tp: int, port: int, unit: str) -> list[str]:
+def serving_problems(host: str, state: Mapping[str, Any], tp: int, port: int, unit: str, listen: str = "") -> list[str]:
     """Host checks that need the plan: /dev/shm for the TP group's NCCL buffers and the engine port."""
     shm = (state.get("system") or {}).get("shm") or {}
     shm_bytes = shm.get("size_bytes") if shm.get("mounted") else None
     holders = (state.get("ports") or {}).get(str(port)) or []
-    return shm_problems(host, int(tp), shm_bytes) + holder_problems(host, int(port), holders, unit)
-
-
-def parse_ss_listeners(text: str) -> list[dict[str, Any]]:
-    """`ss -Hltnp` lines -> [{local, process, pid}] (users:(("python3",pid=123,fd=7)))."""
-    out = []
-    for line in text.splitlines():
-        fields = line.split()
-        if len(fields) < 4:
-            continue
-        users = line[line.find("users:"):] if "users:" in line else ""
-        process = users.split('"')[1] if users.count('"') >= 2 else None
-        pid = None
-        if "pid=" in users:
-            pid = int(users.split("pid=")[1].split(",")[0].rstrip(")"))
-        out.append({"local": fields[3], "process": process, "pid": pid})
-    return out
+    return shm_problems(host, int(tp), shm_bytes) + holder_problems(host, int(port), holders, unit, listen)

@@ -15,7 +15,7 @@ from dflash_infra import engine
 from dflash_infra.parsers import engine_log
 
 # Oldest kernel module major that runs a CUDA major's user-space runtime (NVIDIA's CUDA release notes,
-# "minimum required driver version"; FACTS.md: CUDA 13 wheels need >= 580).
+# "minimum required driver version": CUDA 13 wheels need >= 580).
 MIN_DRIVER_FOR_CUDA: dict[int, int] = {11: 450, 12: 525, 13: 580}
 
 # An option's invocation line in argparse's help: two spaces, then the option strings ("-h, --help",
@@ -258,7 +258,7 @@ def record(*, plan: Mapping[str, Any], engine_info: Mapping[str, Any], models: M
            driver: Mapping[str, Any], unit: Mapping[str, Any], deployed_at: str, journal: str,
            previous: Mapping[str, Any] | None, gates: Mapping[str, Any] | None = None,
            tolerance: float = engine_log.DEFAULT_TOLERANCE) -> dict[str, Any]:
-    """The deployment record (ARCHITECTURE.md contract) with the engine's measured memory next to the plan.
+    """The deployment record (its contract: docs/architecture.md) with the engine's measured memory next to the plan.
 
     `previous` keeps the record this one replaces, without its own `previous`, so the file stays bounded.
     """

@@ -34,9 +34,9 @@ class FilterModule:
         return as_filters({
             "dflash_state_models": host_state.model_entries,
             "dflash_state_file_matches": host_state.file_matches,
-            "dflash_state_dir_matches": host_state.dir_matches,
             "dflash_state_existing": host_state.existing,
             "dflash_training_idle": host_state.training_idle,
+            "dflash_gpu_holders_problems": host_state.gpu_holders_problems,
             "dflash_driver_protection_needed": host_state.driver_protection_needed,
             "dflash_summary": dflash_summary,
             "dflash_role_file_sha256": dflash_role_file_sha256,

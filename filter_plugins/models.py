@@ -26,11 +26,6 @@ def dflash_synced_models(described: list[dict[str, Any]], models: dict[str, Any]
     return model_checks.synced_models(described, models, manifests, speculative)
 
 
-def dflash_plan_models(models: dict[str, Any], synced: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The planner's model sections: catalogue entries with the synced config and weight bytes where known."""
-    return model_checks.plan_models(models, synced)
-
-
 class FilterModule:
     """Filters of the model_sync role and the plan."""
 
@@ -38,7 +33,6 @@ class FilterModule:
         return as_filters({
             "dflash_published_problems": dflash_published_problems,
             "dflash_synced_models": dflash_synced_models,
-            "dflash_plan_models": dflash_plan_models,
             "dflash_models_verified_in_place": model_checks.verified_in_place,
             "dflash_model_scan_folder": model_checks.scan_folder,
         })

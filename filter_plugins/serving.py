@@ -30,12 +30,9 @@ class FilterModule:
         return as_filters({
             "dflash_serving_flags_from_help": serving.flags_from_help,
             "dflash_serving_argv_flags": serving.argv_flags,
-            "dflash_serving_capability_problems": serving.capability_problems,
             "dflash_serving_driver_problems": serving.driver_problems,
-            "dflash_serving_probe_host": serving.probe_host,
             "dflash_serving_base_url": serving.base_url,
             "dflash_engine_status": serving.engine_status,
-            "dflash_serving_driver_ready": serving.driver_ready_problems,
             "dflash_engine_problems": serving.engine_problems,
             "dflash_service_todo": serving.service_todo,
             "dflash_serving_paths": serving.service_paths,

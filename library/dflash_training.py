@@ -96,6 +96,13 @@ options:
     description: The nvidia-smi command.
     type: str
     default: nvidia-smi
+  verify_gpus:
+    description:
+      - (stopped) Read nvidia-smi before the stop (the GPUs the job holds, for the record) and wait until the GPUs
+        are free after it. False on a host whose nvidia-smi cannot run (a driver/library mismatch): the job is
+        still found and stopped, and its GPUs are checked once the driver is aligned (training_stop tasks_from gpus).
+    type: bool
+    default: true
   gpu_free_retries:
     description: (stopped) How many times the GPU check is repeated before it fails.
     type: int
@@ -194,6 +201,7 @@ ARGUMENT_SPEC: dict[str, Any] = {
     "resume_command": {"type": "list", "elements": "str", "default": []},
     "gpu_ids": {"type": "list", "elements": "int", "default": []},
     "nvidia_smi": {"type": "str", "default": "nvidia-smi"},
+    "verify_gpus": {"type": "bool", "default": True},
     "gpu_free_retries": {"type": "int", "default": 15},
     "gpu_free_delay_s": {"type": "float", "default": 2.0},
     "force": {"type": "bool", "default": False},
@@ -224,7 +232,8 @@ def stop_options(p: dict[str, Any], host: str) -> StopOptions:
                        env_keep=env_keep, term_timeout_s=p["term_timeout_s"], kill_timeout_s=p["kill_timeout_s"],
                        boot_units=p["boot_units"], disable_unit=p["disable_unit"], env_file=p["env_file"],
                        resume_command=p["resume_command"], gpu_ids=p["gpu_ids"], nvidia_smi=p["nvidia_smi"],
-                       gpu_free_retries=p["gpu_free_retries"], gpu_free_delay_s=p["gpu_free_delay_s"])
+                       gpu_free_retries=p["gpu_free_retries"], gpu_free_delay_s=p["gpu_free_delay_s"],
+                       verify_gpus=p["verify_gpus"])
 
 
 def main() -> None:

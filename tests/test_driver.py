@@ -366,13 +366,13 @@ def test_pin_stanza_pins_the_upstream_version_at_1001() -> None:
 def test_filters_are_thin_adapters_over_the_library() -> None:
     filters = driver_filters.FilterModule().filters()
     state = incident()
-    request = {"kernel_module": state["kernel_module"], "probe": state["probe"].to_dict(), "smi": state["smi"],
-               "debs": cache_debs("580.126.09"), "deny": [], "apt_searched": False}
-    plan = filters["dflash_driver_plan"](request)
+    host = {"kernel_module": state["kernel_module"], "userspace": state["probe"].to_dict(), "smi": state["smi"],
+            "debs": cache_debs("580.126.09")}
+    plan = filters["dflash_driver_plan_from_state"](host, [])
     assert plan["status"] == "align" and plan["needs_transaction"]
     assert filters["dflash_driver_check_transaction"](SIM_INCIDENT, plan)["ok"]
-    assert filters["dflash_driver_denied"](["nvidia-utils-580", "nvidia-dkms-580", "foo"], ["foo"]) == [
-        "nvidia-dkms-580", "foo"]
+    # A deny pattern of the inventory is added to the built-in list, never replaces it.
+    assert not filters["dflash_driver_check_transaction"](SIM_INCIDENT, plan, ["libnvidia-compute-580"])["ok"]
     from ansible.errors import AnsibleFilterError
-    with pytest.raises(AnsibleFilterError, match="expected a line starting with arch"):
-        filters["dflash_driver_probe"]("nonsense")
+    with pytest.raises(AnsibleFilterError, match="at least one package"):
+        filters["dflash_driver_pin"]([], "580.126.09")

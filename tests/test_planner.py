@@ -51,7 +51,7 @@ def test_pro6000_uses_all_gpus_without_errors(pro6000: dict) -> None:
 
 def test_pro6000_fraction_follows_the_engine_heuristic(pro6000: dict) -> None:
     result = run(pro6000)
-    # SGLang 0.5.23 on a 97887 MiB GPU at TP2 reserves 14032 MiB (FACTS.md: about 0.857 unset);
+    # SGLang 0.5.23 on a 97887 MiB GPU at TP2 reserves 14032 MiB (its memory_hook heuristic: about 0.857 unset);
     # the planner adds 1024 MiB for the draft worker and the engine's own VLM factor for this VL model.
     engine_only = (97887 - 14032) / 97887
     assert round(engine_only, 3) == 0.857
@@ -230,9 +230,9 @@ def test_shape_estimates_are_close_to_the_published_sizes() -> None:
 def test_kv_and_state_sizes_match_the_model_facts() -> None:
     target = model_spec(catalogue.config("Qwen3.6-27B"))
     draft = model_spec(catalogue.config("Qwen3.6-27B-DFlash"))
-    assert target.kv_bytes_per_token(2) == 32 * 1024  # FACTS.md: ~32 KiB at TP2, bf16
-    assert draft.kv_bytes_per_token(2) == 10 * 1024   # FACTS.md: ~10 KiB
-    # FACTS.md: ~1.15 GiB speculative SSM scratch per running request per GPU at TP2, block 16.
+    assert target.kv_bytes_per_token(2) == 32 * 1024  # ~32 KiB at TP2, bf16
+    assert draft.kv_bytes_per_token(2) == 10 * 1024   # ~10 KiB
+    # About 1.15 GiB speculative SSM scratch per running request per GPU at TP2, block 16.
     scratch = target.mamba_state_bytes_per_request(2) * 16 / 1024**3
     assert 1.0 < scratch < 1.2
 

@@ -67,18 +67,14 @@ def test_production_inventory_has_no_ip_literals() -> None:
 
 def test_filters_are_thin_adapters() -> None:
     filters = dflash_filters.FilterModule().filters()
-    hw = {"gpu_name": "NVIDIA RTX A6000", "gpu_count": 2, "memory_total_mib": 49140, "compute_cap": "8.6"}
-    gpus = filters["dflash_expected_gpus"](hw)
+    hw = {"group": "eval", "gpu_name": "NVIDIA RTX A6000", "gpu_count": 2, "memory_total_mib": 49140,
+          "compute_cap": "8.6"}
+    gpus = filters["dflash_plan_gpus"]({}, hw)  # an offline plan: the group's hardware
     assert [g["index"] for g in gpus] == [0, 1]
-    plan = filters["dflash_plan"]({"gpus": gpus, "target": {"name": "Qwen3.6-27B"},
-                                   "draft": {"name": "Qwen3.6-27B-DFlash"}, "sglang_version": "0.5.23",
-                                   "speculative": {"algorithm": "dflash", "block_size": 16, "draft_window": 16,
-                                                   "max_draft_tokens": 16}})
-    assert plan["tp_size"] == 2 and plan["errors"] == []
-    assert filters["dflash_upstream_version"]("580.126.09-0ubuntu0.24.04.1") == "580.126.09"
+    assert filters["dflash_identity_problems"]({"source": "nvidia-smi", "gpus": gpus}, "ct129", hw) == []
     from ansible.errors import AnsibleFilterError
     with pytest.raises(AnsibleFilterError, match="expected"):
-        filters["dflash_parse_driver"]("garbage")
+        filters["dflash_plan_gpus"]({}, {"gpu_name": "NVIDIA RTX A6000"})
 
 
 @pytest.mark.parametrize("entry", ["sync_models.yml", "stop_training.yml", "resume_training.yml"])

@@ -45,11 +45,23 @@ def test_shm_for_tp_groups() -> None:
 
 
 def test_port_free_or_ours() -> None:
-    from dflash_infra.preflight import parse_ss_listeners, port_problems
-    ss = ('LISTEN 0      2048     127.0.200.1:30000      0.0.0.0:*    users:(("python",pid=812,fd=9))\n')
-    listeners = parse_ss_listeners(ss)
-    assert listeners == [{"local": "127.0.200.1:30000", "process": "python", "pid": 812}]
-    assert port_problems("ct200", 30000, listeners, own_pids=[812]) == []
-    assert port_problems("ct200", 30000, [], own_pids=[]) == []
-    message = port_problems("ct200", 30000, listeners, own_pids=[])[0]
-    assert "held by python (pid 812)" in message and "not the engine service" in message
+    from dflash_infra.preflight import holder_problems
+    ours = {"pid": 812, "process": "python", "unit": "sglang-qwen.service", "local": "127.0.200.1:30000"}
+    stray = {"pid": 901, "process": "python3", "unit": "stray-server.service", "local": "127.0.200.1:30000"}
+    assert holder_problems("ct200", 30000, [ours], "sglang-qwen.service", "127.0.200.1") == []
+    assert holder_problems("ct200", 30000, [], "sglang-qwen.service", "127.0.200.1") == []
+    [message] = holder_problems("ct200", 30000, [stray], "sglang-qwen.service", "127.0.200.1")
+    assert "held by python3 (pid 901, unit stray-server.service, on 127.0.200.1:30000)" in message
+    assert "not the engine service this deploy manages (sglang-qwen.service)" in message
+
+
+def test_a_listener_on_another_address_of_a_shared_network_does_not_take_the_port() -> None:
+    # Containers may share one network namespace (the lab's do): another host's engine on its own address is not
+    # in the way, a wildcard listener on either side is.
+    from dflash_infra.preflight import holder_problems, overlaps
+    other = {"pid": None, "process": None, "unit": "", "local": "127.0.200.1:30000"}
+    assert holder_problems("ct129", 30000, [other], "sglang-qwen.service", "127.0.129.1") == []
+    assert "a process of another PID namespace" in holder_problems("ct129", 30000, [other], "sglang-qwen.service",
+                                                                   "0.0.0.0")[0]
+    assert overlaps("127.0.129.1", "0.0.0.0:30000") and overlaps("::", "[::1]:30000")
+    assert not overlaps("127.0.129.1", "[::1]:30000")

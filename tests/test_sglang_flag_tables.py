@@ -39,7 +39,7 @@ DFLASH_ARGV = [
     "--port", "30000",
 ]
 
-# Flags FACTS.md (section SGLang) names for 0.5.23, read from sglang/srt/arg_groups/fields/.
+# Flags the project relies on in 0.5.23, read from sglang/srt/arg_groups/fields/.
 PIN_FLAGS = {
     "--speculative-algorithm", "--speculative-draft-model-path", "--speculative-dflash-block-size",
     "--speculative-num-draft-tokens", "--speculative-draft-window-size",
@@ -225,7 +225,7 @@ def test_table_identifies_its_wheel(version: str) -> None:
 
 
 def test_pin_table_has_the_documented_flags_and_not_the_removed_ones() -> None:
-    """0.5.23 registers the DFLASH/mamba flags FACTS.md lists and none of the retired ones."""
+    """0.5.23 registers the DFLASH/mamba flags the planner uses and none of the retired ones."""
     flags = option_strings(PIN)
     assert flags >= PIN_FLAGS, sorted(PIN_FLAGS - flags)
     assert not REMOVED_IN_PIN & flags

@@ -1,12 +1,16 @@
 """Benchmark of deploy_dflash.yml on the lab (not a test): figures of one run, no limits asserted.
 
-Prints the wall time of a full deploy on a freshly reset lab, of a no-op re-run, of a bare fact-gathering play
-on the same host, of the --check run on the converged lab, and the ratio no-op / bare.
+In one run, on the same host (ct200): a full deploy on a freshly reset lab, the no-op re-run, --check on the
+converged lab, and a bare fact-gathering play (the floor any play pays: start-up, one SSH connection, one
+module); then the ratios no-op / bare and --check / bare, and how many tasks each run went through.
+The bare play and the no-op run alternate three times; the medians are printed.
 """
 
 from __future__ import annotations
 
 import os
+import re
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -22,15 +26,26 @@ BARE_PLAY = """- name: Gather facts only
   gather_facts: true
   tasks: []
 """
+RECAP = re.compile(r"ct200\s*: ok=(\d+)\s+changed=(\d+)\s+unreachable=\d+\s+failed=\d+\s+skipped=(\d+)")
 
 
-def timed(argv: list[str]) -> float:
+def timed(argv: list[str]) -> tuple[float, str]:
+    """Wall time and stdout of a command that must succeed."""
     start = time.perf_counter()
-    proc = subprocess.run(argv, cwd=REPO, env=ENV, capture_output=True, text=True)
+    proc = subprocess.run(argv, cwd=REPO, env=ENV, capture_output=True, text=True, check=False)
     elapsed = time.perf_counter() - start
     if proc.returncode != 0:
         sys.exit(f"{' '.join(argv)} failed ({proc.returncode}):\n{proc.stdout[-3000:]}{proc.stderr[-2000:]}")
-    return elapsed
+    return elapsed, proc.stdout
+
+
+def tasks(out: str) -> str:
+    """'N tasks (ok, skipped), changed C' from a play recap."""
+    match = RECAP.search(out)
+    if not match:
+        return "recap not found"
+    ok, changed, skipped = (int(g) for g in match.groups())
+    return f"{ok + skipped} tasks ({ok} ok, {skipped} skipped), changed={changed}"
 
 
 def deploy(*extra: str) -> list[str]:
@@ -40,20 +55,26 @@ def deploy(*extra: str) -> list[str]:
 def main() -> None:
     timed([sys.executable, "lab/labctl.py", "up"])
     timed([sys.executable, "lab/labctl.py", "reset", "ct200", "ct129"])
-    full = timed(deploy())
-    noop = timed(deploy())
-    check = timed(deploy("--check", "--diff"))
+    full, full_out = timed(deploy())
     with tempfile.NamedTemporaryFile("w", suffix=".yml", dir=REPO / "playbooks", delete=False) as play:
         play.write(BARE_PLAY)
+    noops: list[float] = []
+    bares: list[float] = []
     try:
-        bare = timed([str(BIN / "ansible-playbook"), play.name, "-i", "inventory/lab"])
+        for _ in range(3):
+            seconds, noop_out = timed(deploy())
+            noops.append(seconds)
+            bares.append(timed([str(BIN / "ansible-playbook"), play.name, "-i", "inventory/lab"])[0])
     finally:
         os.unlink(play.name)
-    print(f"full deploy on a fresh lab:        {full:6.1f} s")
-    print(f"no-op re-run (changed=0):          {noop:6.1f} s")
-    print(f"--check --diff on the converged lab: {check:4.1f} s")
-    print(f"bare fact-gathering play:          {bare:6.1f} s")
-    print(f"ratio no-op / bare:                {noop / bare:6.1f}")
+    check, check_out = timed(deploy("--check", "--diff"))
+    noop, bare = statistics.median(noops), statistics.median(bares)
+    print(f"full deploy on a fresh lab:           {full:6.1f} s  {tasks(full_out)}")
+    print(f"no-op re-run (median of 3):           {noop:6.1f} s  {tasks(noop_out)}")
+    print(f"--check --diff on the converged lab:  {check:6.1f} s  {tasks(check_out)}")
+    print(f"bare fact-gathering play (median):    {bare:6.1f} s")
+    print(f"ratio no-op / bare:                   {noop / bare:6.2f}")
+    print(f"ratio --check / bare:                 {check / bare:6.2f}")
 
 
 if __name__ == "__main__":

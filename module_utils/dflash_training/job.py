@@ -39,6 +39,8 @@ class StopOptions:
     nvidia_smi: str = "nvidia-smi"
     gpu_free_retries: int = 15
     gpu_free_delay_s: float = 2.0
+    # False where nvidia-smi cannot run (a driver/library mismatch): stop the job, check its GPUs later.
+    verify_gpus: bool = True
 
 
 def _stop_lines(opt: StopOptions, found: dict[str, Any], record: dict[str, Any], check_mode: bool) -> list[str]:
@@ -89,7 +91,7 @@ def stop_job(opt: StopOptions, check_mode: bool, now: datetime) -> dict[str, Any
     """Find the job, record it, stop it (unit or signals), keep it from starting at boot, and prove the needed
     GPUs are free. A no-op when nothing runs; under check mode only says what it would stop."""
     found = find(opt.unit, opt.match, opt.pidfile, opt.protect_match, opt.protect_units, opt.env_keep)
-    before = gpus.read(opt.nvidia_smi)
+    before = gpus.read(opt.nvidia_smi) if opt.verify_gpus else gpus.Reading([], [])
     unit = systemd.unit_record(opt.unit) if found["mode"] == "unit" else {}
     record = stop_record(opt.host, found, gpus.gpus_held(before.apps, before.gpus), unit, opt.env_file,
                          opt.resume_command, now.strftime("%Y-%m-%dT%H:%M:%SZ"), opt.boot_units)
@@ -115,6 +117,11 @@ def stop_job(opt: StopOptions, check_mode: bool, now: datetime) -> dict[str, Any
             for u in boot:
                 systemd.systemctl("disable", "--", u)
     job = {int(p["pid"]) for p in found["roots"] + found["descendants"]}
+    if not opt.verify_gpus:
+        result["holders"] = []
+        result["msg"].append(f"{opt.host}: nvidia-smi cannot run here; the GPUs are checked once the driver is "
+                             "aligned.")
+        return result
     if check_mode:
         holders = [h for h in gpus.gpu_holders(before.apps, before.gpus, opt.gpu_ids, protected) if h["pid"] not in job]
     else:

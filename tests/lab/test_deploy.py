@@ -85,7 +85,8 @@ def test_deploy_on_a_fresh_lab_passes_every_gate(fresh_lab: LabHandle, tmp_path:
     # The record names the very manifests the source has (its manifest cache on ct129) for both models.
     for role, name in (("target", "Qwen3.6-27B"), ("draft", "Qwen3.6-27B-DFlash")):
         source = json.loads(fresh_lab.ssh("ct129", "cat", f"/var/cache/dflash-infra/manifests/{name}.json").stdout)
-        assert record["models"][role] == {"path": f"/root/models/{name}", "manifest_sha256": source["manifest_sha256"]}
+        assert record["models"][role] == {"path": f"/root/models/{name}",
+                                          "manifest_sha256": source["manifest_sha256"]}
     # ... and the unit names them too, with the driver it runs on (a change of either restarts the engine).
     unit_file = fresh_lab.ssh("ct200", "cat", "/etc/systemd/system/sglang-qwen.service").stdout
     assert f"manifest {record['models']['target']['manifest_sha256']}" in unit_file
@@ -115,6 +116,57 @@ def test_each_stage_alone_agrees_with_the_deploy(fresh_lab: LabHandle, tmp_path:
     assert changed(runner) == 0, out[-5000:]
     after = json.loads(fresh_lab.ssh("ct200", "cat", "/var/lib/dflash-infra/deployment.json").stdout)
     assert after == before
+
+
+def changed_tasks(runner: ansible_runner.Runner) -> list[str]:
+    """The names of the tasks that reported a change (each once, in the order they ran)."""
+    names: list[str] = []
+    for event in runner.events:
+        data = event.get("event_data") or {}
+        if event.get("event") in ("runner_on_ok", "runner_item_on_ok") and (data.get("res") or {}).get("changed"):
+            name = str(data.get("task", ""))
+            if name not in names:
+                names.append(name)
+    return names
+
+
+# Drift on a converged host, one thing at a time: the next deploy repairs exactly that and reports changed for
+# exactly the tasks that repair it (a restart follows a changed unit or model: the engine holds them open).
+DRIFTS = {
+    "a byte of the unit": (
+        "sed -i 's/^RestartSec=10$/RestartSec=11/' /etc/systemd/system/sglang-qwen.service && systemctl daemon-reload",
+        ["Create the backup folder of the unit about to be replaced",
+         "Back up the unit and environment file that are about to be replaced",
+         "Write the unit, validated with systemd-analyze verify, sglang-qwen.service", "Restart the engine service",
+         "Create the snapshot folder of this deployment",
+         "Snapshot the unit and environment file that passed the gates", "Point last-good at that snapshot",
+         "Write the deployment record"]),
+    "a package hold": ("apt-mark unhold libnvidia-compute-595 >/dev/null",
+                       ["Hold every package of the user-space set (installing clears holds)"]),
+    "the pin file": ("echo '# drift' >> /etc/apt/preferences.d/dflash-nvidia-userspace.pref",
+                     ["Pin the user-space set to the kernel module's version"]),
+    "a model file's size": ("truncate -s -1 /root/models/Qwen3.6-27B-DFlash/model.safetensors",
+                            ["Copy, verify and move the models into place"]),
+    "the training job started again": ("systemctl start lab-training-autostart.service",
+                                       ["Stop the training job and wait until the GPUs the plan needs are free"]),
+}
+
+
+@pytest.mark.parametrize("drift", list(DRIFTS))
+def test_drift_on_a_converged_host_is_repaired_exactly(fresh_lab: LabHandle, tmp_path: Path, drift: str) -> None:
+    command, repairs = DRIFTS[drift]
+    made = fresh_lab.ssh("ct200", "sh", "-c", shlex.quote(command))
+    assert made.returncode == 0, made.stderr
+    runner = deploy(tmp_path)
+    out = stdout(runner)
+    assert runner.rc == 0, out[-5000:]
+    repaired = changed_tasks(runner)
+    assert repaired == repairs, f"changed: {repaired}\n{out[-3000:]}"
+
+
+def test_after_the_drifts_the_host_is_converged(fresh_lab: LabHandle, tmp_path: Path) -> None:
+    runner = deploy(tmp_path)
+    assert runner.rc == 0 and changed(runner) == 0, stdout(runner)[-5000:]
 
 
 def test_wrong_hardware_is_refused_before_any_change(fresh_lab: LabHandle, tmp_path: Path) -> None:

@@ -1,8 +1,8 @@
 """playbooks/align_driver.yml against the lab: ct129 boots in the incident state (kernel module 580.126.09,
 user space 580.159.03). Only ct129 is changed (`lab reset ct129` rebuilds it); ct200 is only probed.
-The real alignment of the incident, its no-op re-run and --check when aligned run once, with the Proxmox guard
-on, in test_proxmox_lab.py (the snapshot before the transaction, then the rollback); the role alone in the
-molecule scenario nvidia_userspace_incident.
+The real alignment of the incident, by the whole deploy with its no-op re-run and --check, runs once, with the
+Proxmox guard on, in test_proxmox_lab.py (the snapshot before the transaction, then the rollback); the role alone
+in the molecule scenario nvidia_userspace_incident.
 
     .venv/bin/pytest -m lab tests/lab/test_driver_lab.py      # as root, lab up
 """

@@ -3,9 +3,9 @@ started by `lab up`), whose snapshots are copies of the lab containers' disks.
 
 - playbooks/proxmox_snapshot.yml before the alignment of ct129, a change, playbooks/rollback.yml
   -e dflash_rollback=container: the change is gone and ct129 runs again.
-- playbooks/align_driver.yml with dflash_proxmox_guard on ct129 in its incident state: the snapshot is taken right
-  before the apt transaction, the driver is aligned, a second run and a --check run change nothing, and rolling
-  back to the snapshot brings the mismatch back.
+- deploy_dflash.yml with dflash_proxmox_guard on ct129 in its incident state: identified from /proc (nvidia-smi
+  cannot run), the snapshot taken right before the apt transaction, the driver aligned and the plan served, a
+  second run and a --check run change nothing, and rolling back to the snapshot brings the mismatch back.
 - playbooks/proxmox_audit.yml with a stale nvidia-uvm major injected into pve1:/etc/pve/lxc/200.conf: reported
   with its diff under --check (nothing changes), fixed by a real run, and a second run changes nothing.
 
@@ -44,6 +44,12 @@ def ansible_env() -> dict[str, str]:
 
 def playbook(name: str, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([str(BIN / "ansible-playbook"), f"playbooks/{name}", "-i", "inventory/lab", *args],
+                          cwd=REPO, env=ansible_env(), capture_output=True, text=True)
+
+
+def deploy(*args: str) -> subprocess.CompletedProcess[str]:
+    """deploy_dflash.yml against the lab, as an operator runs it."""
+    return subprocess.run([str(BIN / "ansible-playbook"), "deploy_dflash.yml", "-i", "inventory/lab", *args],
                           cwd=REPO, env=ansible_env(), capture_output=True, text=True)
 
 
@@ -127,42 +133,50 @@ def test_snapshot_before_alignment_and_rollback_to_it(lab: LabHandle, pve: Any, 
         lab.ssh("ct129", f"rm -f {MARKER}; apt-mark unhold nvidia-utils-580 >/dev/null")
 
 
-def test_align_driver_snapshots_right_before_the_transaction_and_the_rollback_restores_the_incident(
+def test_the_deploy_identifies_aligns_and_serves_the_incident_and_the_rollback_restores_it(
         lab: LabHandle, pve: Any, records: list[str]) -> None:
-    # ct129 in its initial state: user space 580.159.03 over kernel module 580.126.09, nvidia-smi in mismatch.
+    # ct129 in its initial state: user space 580.159.03 over kernel module 580.126.09, nvidia-smi in mismatch. The
+    # one deploy command checks it against group eval from /proc/driver/nvidia/gpus (NVML cannot start), snapshots
+    # it right before the apt transaction, aligns it and serves the plan on its two A6000s.
     lab.cli_ok("reset", "ct129")
     assert lab.ssh("ct129", "nvidia-smi").returncode == 18
     ct129 = pve.lxc(129)
-    guarded = ("align_driver.yml", "-l", "eval", "-e", "dflash_proxmox_guard=true", *records)
+    guarded = ("-l", "eval", "-e", "dflash_proxmox_guard=true", *records)
     try:
         started = time.monotonic()
-        align = playbook(*guarded)
-        align_s = time.monotonic() - started
-        assert align.returncode == 0, align.stdout[-4000:] + align.stderr
-        assert recap(align.stdout, "ct129")["changed"] > 0
-        name = re.search(r"Snapshot (dflash-align-\d{8}-\d{6}) created", align.stdout)[1]
-        # The snapshot comes after the plan and the apt simulation, right before the transaction.
-        assert align.stdout.index(name) < align.stdout.index("Install the user-space set at the kernel module")
+        first = deploy(*guarded)
+        first_s = time.monotonic() - started
+        assert first.returncode == 0, first.stdout[-4000:] + first.stderr
+        assert "ct129 has 2x NVIDIA RTX A6000 as group eval expects (/proc/driver/nvidia/gpus)" in first.stdout
+        name = re.search(r"Snapshot (dflash-align-\d{8}-\d{6}) created", first.stdout)[1]
+        # The snapshot comes after the plan and before the transaction; another one before the engine install.
+        assert first.stdout.index(name) < first.stdout.index("Install the user-space set at the kernel module")
+        engine = re.search(r"Snapshot (dflash-engine-upgrade-\d{8}-\d{6}) created", first.stdout)[1]
         smi = lab.ssh("ct129", "nvidia-smi --query-gpu=driver_version --format=csv,noheader")
         assert smi.returncode == 0 and smi.stdout.split() == ["580.126.09", "580.126.09"]
-        # Aligned: a second run and a --check run change nothing and take no snapshot.
+        record = json.loads(lab.ssh("ct129", "cat /var/lib/dflash-infra/deployment.json").stdout)
+        assert record["gates"]["state"] == "ready" and record["plan"]["tp_size"] == 2
+        assert record["driver"] == {"kernel_module": "580.126.09", "user_space": "580.126.09"}
+        # Converged: a second run and a --check run change nothing and take no snapshot.
         started = time.monotonic()
-        again = playbook(*guarded)
+        again = deploy(*guarded)
         again_s = time.monotonic() - started
         assert again.returncode == 0 and recap(again.stdout, "ct129")["changed"] == 0, again.stdout[-3000:]
-        check = playbook(*guarded, "--check")
+        check = deploy(*guarded, "--check")
         assert check.returncode == 0 and recap(check.stdout, "ct129")["changed"] == 0, check.stdout[-3000:]
-        assert [s["name"] for s in ct129.snapshot.get() if s["name"].startswith("dflash-")] == [name]
-        print(f"align_driver on the incident (guard on): {align_s:.1f} s; no-op re-run: {again_s:.1f} s")
+        assert sorted(s["name"] for s in ct129.snapshot.get() if s["name"].startswith("dflash-")) == [name, engine]
+        print(f"deploy of the incident (guard on): {first_s:.1f} s; no-op re-run: {again_s:.1f} s")
 
-        back = playbook("rollback.yml", "-l", "eval", "-e", "dflash_rollback=container", *records)
+        # Back to the snapshot before the alignment: the incident again.
+        back = playbook("rollback.yml", "-l", "eval", "-e", "dflash_rollback=container",
+                        "-e", f"proxmox_guest_rollback_to={name}", *records)
         assert back.returncode == 0, back.stdout[-4000:] + back.stderr
         assert ct129.status.current.get()["status"] == "running"
         smi = lab.ssh("ct129", "nvidia-smi")
         assert smi.returncode == 18 and "Driver/library version mismatch" in smi.stdout + smi.stderr
     finally:
         for snap in ct129.snapshot.get():
-            if snap["name"].startswith("dflash-align-"):
+            if snap["name"].startswith(("dflash-align-", "dflash-engine-upgrade-")):
                 wait(pve, ct129.snapshot(snap["name"]).delete())
 
 
