@@ -57,9 +57,15 @@ syntax: setup
 test-unit: setup ## fast tests, first and failing fast: planner, parsers, modules, filters, wiring (no lab, no SGLang env)
 	$(BIN)/pytest -x -n 2 $(UNIT) --durations=10
 
-test: setup ## everything CI runs: the unit tier, then lint beside the slow set-up, then real-parser and lab tests
-	$(MAKE) --no-print-directory test-unit
-	$(MAKE) --no-print-directory -j4 --output-sync=target sglang-env lab-wheels lint lab-up
+# The slow set-up (the SGLang parser venv, the lab's rootfs and machines: downloads and disk, little CPU) runs in
+# the background while the unit tier runs; a failing unit tier stops it at once.
+BUILD_LOG := .cache/test-build.log
+
+test: setup ## everything CI runs: the unit tier first (with the slow set-up behind it), lint, real-parser and lab tests
+	@mkdir -p .cache
+	@setsid $(MAKE) --no-print-directory --output-sync=target -j2 sglang-env lab-up > $(BUILD_LOG) 2>&1 & build=$$!; \
+	  if ! $(MAKE) --no-print-directory test-unit; then kill -- -$$build; wait || true; exit 1; fi; \
+	  rc=0; $(MAKE) --no-print-directory lint || rc=$$?; wait $$build || rc=$$?; cat $(BUILD_LOG); exit $$rc
 	$(BIN)/pytest -m "lab or sglang_parser or standin" $(PYTEST_ARGS)
 
 plan: setup ## print the plans of the example requests (examples/*.yml)

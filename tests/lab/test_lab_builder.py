@@ -99,8 +99,9 @@ def test_containers_have_their_own_identity(lab: LabHandle) -> None:
     host_keys = {n: lab.ssh(n, "cat", "/etc/ssh/ssh_host_ed25519_key.pub").stdout.split()[1] for n in lab.names}
     assert len(set(machine_ids.values())) == len(lab.names), machine_ids
     assert len(set(host_keys.values())) == len(lab.names), host_keys
-    shm = lab.ssh(lab.names[0], "findmnt", "-n", "-o", "FSTYPE", "/dev/shm")
-    assert shm.stdout.strip() == "tmpfs", shm.stdout + shm.stderr
+    for guest in lab.mod.guests():  # NCCL at TP > 1 needs a shared-memory tmpfs in each container
+        shm = lab.ssh(guest.name, "findmnt", "-n", "-o", "FSTYPE", "/dev/shm")
+        assert shm.stdout.strip() == "tmpfs", f"{guest.name}: {shm.stdout}{shm.stderr}"
 
 
 def test_host_keys_are_checked_against_the_lab_known_hosts(lab: LabHandle, tmp_path: Path) -> None:

@@ -22,9 +22,10 @@ SCENARIOS = sorted(p.parent.name for p in (ROOT / "molecule").glob("*/molecule.y
 
 
 @pytest.mark.parametrize("scenario", SCENARIOS)
-def test_molecule_scenario(lab: LabHandle, scenario: str) -> None:
+def test_molecule_scenario(lab: LabHandle, scenario: str, tmp_path: Path) -> None:
+    # A fresh ephemeral directory: molecule starts with no state, so prepare runs even after an interrupted run.
     env = dict(os.environ, PATH=f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}", ANSIBLE_NOCOLOR="1",
-               PY_COLORS="0", ANSIBLE_FORCE_COLOR="0")
+               PY_COLORS="0", ANSIBLE_FORCE_COLOR="0", MOLECULE_EPHEMERAL_DIRECTORY=str(tmp_path / "molecule"))
     env.pop("ANSIBLE_CONFIG", None)  # molecule writes its own ansible.cfg for the scenario
     proc = run([str(BIN / "molecule"), "test", "-s", scenario], env=env, stdin=subprocess.DEVNULL)
     tail = (proc.stdout + proc.stderr)[-6000:]

@@ -1,11 +1,12 @@
 """The proxmox_guest role against the lab: the node stand-in pve1 and its Proxmox VE API stand-in (lab/pve/api.py,
 started by `lab up`), whose snapshots are copies of the lab containers' disks.
 
-- playbooks/proxmox_snapshot.yml before the alignment of ct129, a change, playbooks/rollback.yml
-  -e dflash_rollback=container: the change is gone and ct129 runs again.
-- deploy_dflash.yml with dflash_proxmox_guard on ct129 in its incident state: identified from /proc (nvidia-smi
-  cannot run), the snapshot taken right before the apt transaction, the driver aligned and the plan served, a
-  second run and a --check run change nothing, and rolling back to the snapshot brings the mismatch back.
+- ct129 in its incident state: snapshotted by playbooks/proxmox_snapshot.yml (--check, refused while stopped, then
+  started by the play), a change made after it; deploy_dflash.yml with dflash_proxmox_guard: identified from /proc
+  (nvidia-smi cannot run), a snapshot taken right before the apt transaction, the driver aligned, held and pinned
+  (tests/lab/playbooks/verify_aligned.yml) and the plan served, a second run and a --check run change nothing;
+  then playbooks/rollback.yml -e dflash_rollback=container back to the first snapshot: the change and the deploy
+  are gone, the mismatch is back and ct129 runs.
 - playbooks/proxmox_audit.yml with a stale nvidia-uvm major injected into pve1:/etc/pve/lxc/200.conf: reported
   with its diff under --check (nothing changes), fixed by a real run, and a second run changes nothing.
 
@@ -42,15 +43,19 @@ def ansible_env() -> dict[str, str]:
     return env
 
 
-def playbook(name: str, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([str(BIN / "ansible-playbook"), f"playbooks/{name}", "-i", "inventory/lab", *args],
+def run_playbook(path: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """A playbook of the repository against the lab inventory, as an operator runs it."""
+    return subprocess.run([str(BIN / "ansible-playbook"), path, "-i", "inventory/lab", *args],
                           cwd=REPO, env=ansible_env(), capture_output=True, text=True)
+
+
+def playbook(name: str, *args: str) -> subprocess.CompletedProcess[str]:
+    return run_playbook(f"playbooks/{name}", *args)
 
 
 def deploy(*args: str) -> subprocess.CompletedProcess[str]:
     """deploy_dflash.yml against the lab, as an operator runs it."""
-    return subprocess.run([str(BIN / "ansible-playbook"), "deploy_dflash.yml", "-i", "inventory/lab", *args],
-                          cwd=REPO, env=ansible_env(), capture_output=True, text=True)
+    return run_playbook("deploy_dflash.yml", *args)
 
 
 def recap(stdout: str, host: str) -> dict[str, int]:
@@ -82,67 +87,42 @@ def records(tmp_path: Path) -> Iterator[list[str]]:
     yield ["-e", f"proxmox_guest_record_dir={tmp_path / 'records'}"]
 
 
-def test_snapshot_before_alignment_and_rollback_to_it(lab: LabHandle, pve: Any, records: list[str]) -> None:
-    ct129 = pve.lxc(129)
-    before = [s["name"] for s in ct129.snapshot.get()]
-    dry = playbook("proxmox_snapshot.yml", "-l", "eval", "-e", "proxmox_guest_stage=align", "--check", *records)
-    assert dry.returncode == 0, dry.stdout[-4000:] + dry.stderr
-    assert re.search(r"Snapshot dflash-align-\d{8}-\d{6} would be created", dry.stdout)
-    assert [s["name"] for s in ct129.snapshot.get()] == before
-
-    try:
-        # A stopped container stops the play unless the play may start it.
-        wait(pve, ct129.status.shutdown.post())
-        refused = playbook("proxmox_snapshot.yml", "-l", "eval", "-e", "proxmox_guest_stage=align", *records)
-        assert refused.returncode != 0
-        assert "expected a running container, found it stopped" in refused.stdout
-        assert "-e proxmox_guest_start_stopped=true" in refused.stdout
-        proc = playbook("proxmox_snapshot.yml", "-l", "eval", "-e", "proxmox_guest_stage=align",
-                        "-e", "proxmox_guest_start_stopped=true", *records)
-        assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr
-        assert ct129.status.current.get()["status"] == "running"
-        name = re.search(r"Snapshot (dflash-align-\d{8}-\d{6}) created", proc.stdout)[1]
-        assert name in [s["name"] for s in ct129.snapshot.get()]
-        record = json.loads(next(Path(records[1].split("=", 1)[1]).glob("*-129.json")).read_text())
-        assert (record["name"], record["stage"], record["vmid"]) == (name, "align", 129)
-
-        change = lab.ssh("ct129", f"echo aligned > {MARKER} && apt-mark hold nvidia-utils-580 >/dev/null && "
-                                   "apt-mark showhold")
-        assert change.returncode == 0 and "nvidia-utils-580" in change.stdout, change.stderr
-
-        check = playbook("rollback.yml", "-l", "eval", "-e", "dflash_rollback=container", "--check", *records)
-        assert check.returncode == 0, check.stdout[-4000:] + check.stderr
-        assert f"would roll back to {name} (recorded by the last snapshot play)" in check.stdout
-        assert lab.ssh("ct129", f"test -e {MARKER}").returncode == 0
-
-        back = playbook("rollback.yml", "-l", "eval", "-e", "dflash_rollback=container", *records)
-        assert back.returncode == 0, back.stdout[-4000:] + back.stderr
-        assert f"Snapshot {name} rolled back" in back.stdout
-        assert ct129.status.current.get()["status"] == "running"
-        after = lab.ssh("ct129", f"test -e {MARKER}; echo $?; apt-mark showhold")
-        assert after.stdout.split("\n")[0] == "1" and "nvidia-utils-580" not in after.stdout
-        assert lab.ssh("ct129", "systemctl is-system-running").stdout.strip() in ("running", "degraded")
-        secret = lab.pve_token()["value"]
-        assert all(secret not in p.stdout + p.stderr for p in (dry, refused, proc, check, back))
-    finally:
-        if ct129.status.current.get()["status"] != "running":
-            wait(pve, ct129.status.start.post())
-        for snap in ct129.snapshot.get():
-            if snap["name"].startswith("dflash-align-"):
-                wait(pve, ct129.snapshot(snap["name"]).delete())
-        lab.ssh("ct129", f"rm -f {MARKER}; apt-mark unhold nvidia-utils-580 >/dev/null")
-
-
 def test_the_deploy_identifies_aligns_and_serves_the_incident_and_the_rollback_restores_it(
         lab: LabHandle, pve: Any, records: list[str]) -> None:
-    # ct129 in its initial state: user space 580.159.03 over kernel module 580.126.09, nvidia-smi in mismatch. The
-    # one deploy command checks it against group eval from /proc/driver/nvidia/gpus (NVML cannot start), snapshots
-    # it right before the apt transaction, aligns it and serves the plan on its two A6000s.
+    # ct129 in its initial state: user space 580.159.03 over kernel module 580.126.09, nvidia-smi in mismatch.
     lab.cli_ok("reset", "ct129")
     assert lab.ssh("ct129", "nvidia-smi").returncode == 18
     ct129 = pve.lxc(129)
+    snapshot = ("-l", "eval", "-e", "proxmox_guest_stage=align", *records)
     guarded = ("-l", "eval", "-e", "dflash_proxmox_guard=true", *records)
     try:
+        # First the incident snapshotted on its own (playbooks/proxmox_snapshot.yml), and a change made after it.
+        before = [s["name"] for s in ct129.snapshot.get()]
+        dry = playbook("proxmox_snapshot.yml", *snapshot, "--check")
+        assert dry.returncode == 0, dry.stdout[-4000:] + dry.stderr
+        assert re.search(r"Snapshot dflash-align-\d{8}-\d{6} would be created", dry.stdout)
+        assert [s["name"] for s in ct129.snapshot.get()] == before
+        # A stopped container stops the play unless the play may start it.
+        wait(pve, ct129.status.shutdown.post())
+        refused = playbook("proxmox_snapshot.yml", *snapshot)
+        assert refused.returncode != 0
+        assert "expected a running container, found it stopped" in refused.stdout
+        assert "-e proxmox_guest_start_stopped=true" in refused.stdout
+        taken = playbook("proxmox_snapshot.yml", *snapshot, "-e", "proxmox_guest_start_stopped=true")
+        assert taken.returncode == 0, taken.stdout[-4000:] + taken.stderr
+        assert ct129.status.current.get()["status"] == "running"
+        incident = re.search(r"Snapshot (dflash-align-\d{8}-\d{6}) created", taken.stdout)[1]
+        assert incident in [s["name"] for s in ct129.snapshot.get()]
+        record = json.loads(next(Path(records[1].split("=", 1)[1]).glob("*-129.json")).read_text())
+        assert (record["name"], record["stage"], record["vmid"]) == (incident, "align", 129)
+        assert lab.ssh("ct129", f"echo changed > {MARKER}").returncode == 0
+        check_back = playbook("rollback.yml", "-l", "eval", "-e", "dflash_rollback=container", "--check", *records)
+        assert check_back.returncode == 0, check_back.stdout[-4000:] + check_back.stderr
+        assert f"would roll back to {incident} (recorded by the last snapshot play)" in check_back.stdout
+        assert lab.ssh("ct129", f"test -e {MARKER}").returncode == 0
+
+        # The one deploy command checks it against group eval from /proc/driver/nvidia/gpus (NVML cannot start),
+        # snapshots it right before the apt transaction, aligns it and serves the plan on its two A6000s.
         started = time.monotonic()
         first = deploy(*guarded)
         first_s = time.monotonic() - started
@@ -157,6 +137,10 @@ def test_the_deploy_identifies_aligns_and_serves_the_incident_and_the_rollback_r
         record = json.loads(lab.ssh("ct129", "cat /var/lib/dflash-infra/deployment.json").stdout)
         assert record["gates"]["state"] == "ready" and record["plan"]["tp_size"] == 2
         assert record["driver"] == {"kernel_module": "580.126.09", "user_space": "580.126.09"}
+        # Aligned, held and pinned: the set's versions and holds, the pin and apt's policy 1001, the
+        # unattended-upgrades blacklist, no trap package, dpkg --audit clean, the libraries on the kernel module.
+        aligned = run_playbook("tests/lab/playbooks/verify_aligned.yml", "-l", "eval")
+        assert aligned.returncode == 0 and recap(aligned.stdout, "ct129")["failed"] == 0, aligned.stdout[-4000:]
         # Converged: a second run and a --check run change nothing and take no snapshot.
         started = time.monotonic()
         again = deploy(*guarded)
@@ -164,20 +148,32 @@ def test_the_deploy_identifies_aligns_and_serves_the_incident_and_the_rollback_r
         assert again.returncode == 0 and recap(again.stdout, "ct129")["changed"] == 0, again.stdout[-3000:]
         check = deploy(*guarded, "--check")
         assert check.returncode == 0 and recap(check.stdout, "ct129")["changed"] == 0, check.stdout[-3000:]
-        assert sorted(s["name"] for s in ct129.snapshot.get() if s["name"].startswith("dflash-")) == [name, engine]
+        ours = sorted(s["name"] for s in ct129.snapshot.get() if s["name"].startswith("dflash-"))
+        assert ours == sorted([incident, name, engine])
         print(f"deploy of the incident (guard on): {first_s:.1f} s; no-op re-run: {again_s:.1f} s")
 
-        # Back to the snapshot before the alignment: the incident again.
+        # Back to the snapshot of the incident: the change made after it and the deploy's holds are gone, the
+        # mismatch is back, and the container runs.
         back = playbook("rollback.yml", "-l", "eval", "-e", "dflash_rollback=container",
-                        "-e", f"proxmox_guest_rollback_to={name}", *records)
+                        "-e", f"proxmox_guest_rollback_to={incident}", *records)
         assert back.returncode == 0, back.stdout[-4000:] + back.stderr
+        assert f"Snapshot {incident} rolled back" in back.stdout
         assert ct129.status.current.get()["status"] == "running"
+        after = lab.ssh("ct129", f"test -e {MARKER}; echo $?; apt-mark showhold")
+        assert after.stdout.split("\n")[0] == "1" and "nvidia-utils-580" not in after.stdout, after.stdout
+        assert lab.ssh("ct129", "systemctl is-system-running").stdout.strip() in ("running", "degraded")
         smi = lab.ssh("ct129", "nvidia-smi")
         assert smi.returncode == 18 and "Driver/library version mismatch" in smi.stdout + smi.stderr
+        secret = lab.pve_token()["value"]
+        runs = (dry, refused, taken, check_back, first, again, check, back)
+        assert all(secret not in p.stdout + p.stderr for p in runs)
     finally:
+        if ct129.status.current.get()["status"] != "running":
+            wait(pve, ct129.status.start.post())
         for snap in ct129.snapshot.get():
             if snap["name"].startswith(("dflash-align-", "dflash-engine-upgrade-")):
                 wait(pve, ct129.snapshot(snap["name"]).delete())
+        lab.ssh("ct129", f"rm -f {MARKER}")
 
 
 @pytest.fixture
