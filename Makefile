@@ -24,8 +24,8 @@ help: ## list the targets
 
 $(STAMP): $(SETUP_INPUTS)
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install -q --disable-pip-version-check --upgrade pip setuptools wheel
-	$(BIN)/python -m pip install -q --disable-pip-version-check -c constraints.txt -e '.[test]'
+	$(BIN)/python -m pip install -q --disable-pip-version-check -c constraints.txt uv
+	$(BIN)/uv pip install -q --python $(BIN)/python -c constraints.txt --upgrade pip setuptools wheel -e '.[test]'
 	@touch $@
 
 setup: $(STAMP) ## project venv (.venv) with ansible, molecule, linters and the dflash-infra CLI

@@ -26,7 +26,7 @@ class ActionModule(ActionBase):  # type: ignore[misc]  # ansible ships no type i
     def run(self, tmp: str | None = None, task_vars: dict[str, Any] | None = None) -> dict[str, Any]:
         result: dict[str, Any] = super().run(tmp, task_vars)
         fact = str(self._task.args.get("fact") or "serving_plan_current")
-        before = (task_vars or {}).get(fact)
+        before = ((task_vars or {}).get("ansible_facts") or {}).get(fact)
         try:
             plan = planner.plan_dict(dict(self._task.args["request"]))
         except (KeyError, ValueError) as exc:

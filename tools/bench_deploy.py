@@ -3,7 +3,7 @@
 In one run, on the same host (ct200): a full deploy on a freshly reset lab, the no-op re-run, --check on the
 converged lab, and a bare fact-gathering play (the floor any play pays: start-up, one SSH connection, one
 module); then the ratios no-op / bare and --check / bare, and how many tasks each run went through.
-The bare play and the no-op run alternate three times; the medians are printed.
+The no-op run, the --check run and the bare play alternate five times; the medians are printed.
 """
 
 from __future__ import annotations
@@ -27,6 +27,9 @@ BARE_PLAY = """- name: Gather facts only
   tasks: []
 """
 RECAP = re.compile(r"ct200\s*: ok=(\d+)\s+changed=(\d+)\s+unreachable=\d+\s+failed=\d+\s+skipped=(\d+)")
+
+
+ROUNDS = 5
 
 
 def timed(argv: list[str]) -> tuple[float, str]:
@@ -59,19 +62,22 @@ def main() -> None:
     with tempfile.NamedTemporaryFile("w", suffix=".yml", dir=REPO / "playbooks", delete=False) as play:
         play.write(BARE_PLAY)
     noops: list[float] = []
+    checks: list[float] = []
     bares: list[float] = []
     try:
-        for _ in range(3):
+        # Interleaved, so that a slow spell of the machine weighs on all three alike.
+        for _ in range(ROUNDS):
             seconds, noop_out = timed(deploy())
             noops.append(seconds)
+            seconds, check_out = timed(deploy("--check", "--diff"))
+            checks.append(seconds)
             bares.append(timed([str(BIN / "ansible-playbook"), play.name, "-i", "inventory/lab"])[0])
     finally:
         os.unlink(play.name)
-    check, check_out = timed(deploy("--check", "--diff"))
-    noop, bare = statistics.median(noops), statistics.median(bares)
+    noop, check, bare = (statistics.median(x) for x in (noops, checks, bares))
     print(f"full deploy on a fresh lab:           {full:6.1f} s  {tasks(full_out)}")
-    print(f"no-op re-run (median of 3):           {noop:6.1f} s  {tasks(noop_out)}")
-    print(f"--check --diff on the converged lab:  {check:6.1f} s  {tasks(check_out)}")
+    print(f"no-op re-run (median of {ROUNDS}):           {noop:6.1f} s  {tasks(noop_out)}")
+    print(f"--check --diff, converged (median):   {check:6.1f} s  {tasks(check_out)}")
     print(f"bare fact-gathering play (median):    {bare:6.1f} s")
     print(f"ratio no-op / bare:                   {noop / bare:6.2f}")
     print(f"ratio --check / bare:                 {check / bare:6.2f}")

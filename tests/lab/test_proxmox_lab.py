@@ -1,7 +1,8 @@
 """The proxmox_guest role against the lab: the node stand-in pve1 and its Proxmox VE API stand-in (lab/pve/api.py,
 started by `lab up`), whose snapshots are copies of the lab containers' disks.
 
-- ct129 in its incident state: snapshotted by playbooks/proxmox_snapshot.yml (--check, refused while stopped, then
+- ct129 in its incident state: playbooks/align_driver.yml --check lists the downgrades and changes nothing;
+  snapshotted by playbooks/proxmox_snapshot.yml (--check, refused while stopped, then
   started by the play), a change made after it; deploy_dflash.yml with dflash_proxmox_guard: identified from /proc
   (nvidia-smi cannot run), a snapshot taken right before the apt transaction, the driver aligned, held and pinned
   (tests/lab/playbooks/verify_aligned.yml) and the plan served, a second run and a --check run change nothing;
@@ -91,6 +92,18 @@ def test_the_deploy_identifies_aligns_and_serves_the_incident_and_the_rollback_r
         lab: LabHandle, pve: Any, records: list[str]) -> None:
     # ct129 in its initial state: user space 580.159.03 over kernel module 580.126.09, nvidia-smi in mismatch.
     lab.cli_ok("reset", "ct129")
+    assert lab.ssh("ct129", "nvidia-smi").returncode == 18
+    # The alignment stage under --check lists the downgrades to the kernel module's version and changes nothing.
+    dpkg = "sha256sum /var/lib/dpkg/status; dpkg --get-selections | sha256sum; ls -1 /etc/apt/preferences.d"
+    dpkg_before = lab.ssh("ct129", dpkg).stdout
+    listed = playbook("align_driver.yml", "-l", "eval", "--check")
+    assert listed.returncode == 0, listed.stdout[-4000:] + listed.stderr
+    assert "would change 13 package(s) in one apt transaction" in listed.stdout
+    for package in ("libnvidia-compute-580", "nvidia-utils-580", "nvidia-kernel-common-580"):
+        assert re.search(rf"{package} 580\.159\.03-0ubuntu0\.24\.04\.1 -> 580\.126\.09-0ubuntu0\.24\.04\.1\s+"
+                         rf"\(downgrade", listed.stdout), package
+    assert "nvidia-firmware-580-580.126.09 (not installed) -> 580.126.09-0ubuntu0.24.04.1" in listed.stdout
+    assert lab.ssh("ct129", dpkg).stdout == dpkg_before
     assert lab.ssh("ct129", "nvidia-smi").returncode == 18
     ct129 = pve.lxc(129)
     snapshot = ("-l", "eval", "-e", "proxmox_guest_stage=align", *records)
