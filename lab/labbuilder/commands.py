@@ -158,7 +158,7 @@ class Lab:
         containers = self.select(names)
         with self.lock():
             for c in containers:
-                stop_machine(self.paths, c, self.settings, self.clock)
+                stop_machine(self.paths, c, self.settings, self.clock, discard=True)
                 self.paths.created_stamp(c.name).unlink(missing_ok=True)
                 unmount_all_under(self.paths.machine(c.name), self.clock)
                 remove_tree(self.paths.machine(c.name))
@@ -177,7 +177,7 @@ class Lab:
         for d in DAEMONS:
             stop_daemon(self.paths, d, self.clock)
         for c in CONTAINERS:
-            if not stop_machine(self.paths, c, self.settings, self.clock):
+            if not stop_machine(self.paths, c, self.settings, self.clock, discard=True):
                 self.clock.say(f"{c.name}: not running")
             if self.paths.machine(c.name).exists() or self.paths.created_stamp(c.name).exists():
                 self.paths.created_stamp(c.name).unlink(missing_ok=True)

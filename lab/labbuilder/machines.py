@@ -236,8 +236,19 @@ def wait_ready(paths: Paths, c: Container, pid: int, settings: Settings, clock: 
     return state
 
 
-def stop_machine(paths: Paths, c: Container, settings: Settings, clock: Clock) -> bool:
-    """Power the container off through its systemd, then kill it after a bounded wait.
+def kill_all(c: Container, watch: list[int]) -> None:
+    """SIGKILL to nspawn and the namespace's PID 1 (which ends every process in it), then wait for them to go."""
+    for victim in watch:
+        if is_alive(victim):
+            os.kill(victim, signal.SIGKILL)
+    if not wait_gone_all(watch, 10):
+        raise LabError(f"{c.name}: processes {watch} survived SIGKILL; check `ps -o "
+                       f"pid,stat,cmd -p {','.join(map(str, watch))}` (stuck in the kernel?).")
+
+
+def stop_machine(paths: Paths, c: Container, settings: Settings, clock: Clock, discard: bool = False) -> bool:
+    """Power the container off through its systemd, then kill it after a bounded wait. With `discard` (its disk is
+    removed right after: `reset`, `down`) nothing inside needs an orderly stop, and it is killed at once.
 
     Also ends a container whose systemd-nspawn was killed but whose systemd lives on.
     """
@@ -248,21 +259,20 @@ def stop_machine(paths: Paths, c: Container, settings: Settings, clock: Clock) -
         return False
     started = time.monotonic()
     watch = [p for p in (pid, leader, *orphans) if p is not None]
-    for target in ([leader] if leader else orphans):
-        run(nsenter_argv(target, "systemctl", "poweroff", "--no-block"), check=False, timeout=15)
-    how = "powered off"
-    if not wait_gone_all(watch, settings.stop_timeout):
-        how = "terminated"
-        if pid is not None and is_alive(pid):
-            os.kill(pid, signal.SIGTERM)  # nspawn turns this into an orderly halt of the container
-        if not wait_gone_all(watch, 10):
-            how = "killed"
-            for victim in watch:  # SIGKILL to a namespace's PID 1 ends every process in it
-                if is_alive(victim):
-                    os.kill(victim, signal.SIGKILL)
+    if discard:
+        how = "killed (its disk is discarded)"
+        kill_all(c, watch)
+    else:
+        for target in ([leader] if leader else orphans):
+            run(nsenter_argv(target, "systemctl", "poweroff", "--no-block"), check=False, timeout=15)
+        how = "powered off"
+        if not wait_gone_all(watch, settings.stop_timeout):
+            how = "terminated"
+            if pid is not None and is_alive(pid):
+                os.kill(pid, signal.SIGTERM)  # nspawn turns this into an orderly halt of the container
             if not wait_gone_all(watch, 10):
-                raise LabError(f"{c.name}: processes {watch} survived SIGKILL; check `ps -o "
-                               f"pid,stat,cmd -p {','.join(map(str, watch))}` (stuck in the kernel?).")
+                how = "killed"
+                kill_all(c, watch)
     paths.pidfile(c.name).unlink(missing_ok=True)
     unmount_all_under(paths.machine(c.name))
     what = "container" if pid else f"orphaned container (systemd pid {', '.join(map(str, orphans))}, no nspawn)"
