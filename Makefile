@@ -64,7 +64,7 @@ BUILD_LOG := .cache/test-build.log
 test: setup ## everything CI runs: the unit tier first (with the slow set-up behind it), lint, real-parser and lab tests
 	@mkdir -p .cache
 	@setsid $(MAKE) --no-print-directory --output-sync=target -j2 sglang-env lab-up > $(BUILD_LOG) 2>&1 & build=$$!; \
-	  if ! $(MAKE) --no-print-directory test-unit; then kill -- -$$build; wait || true; exit 1; fi; \
+	  if ! $(MAKE) --no-print-directory test-unit; then kill -- -$$build 2>/dev/null; wait || true; exit 1; fi; \
 	  rc=0; $(MAKE) --no-print-directory lint || rc=$$?; wait $$build || rc=$$?; cat $(BUILD_LOG); exit $$rc
 	$(BIN)/pytest -m "lab or sglang_parser or standin" $(PYTEST_ARGS)
 
