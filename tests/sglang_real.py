@@ -6,8 +6,10 @@ environment is an error that names the command to build it, never a skip.
 
 from __future__ import annotations
 
+import atexit
 import json
 import subprocess
+import tempfile
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -35,28 +37,55 @@ def launcher(version: str) -> Path:
     return path
 
 
+class _Server:
+    """tools/sglang_argcheck.py --serve for one version: sglang is imported and its parser built once for the whole
+    test session (about 7 s each time otherwise)."""
+
+    def __init__(self, version: str) -> None:
+        # Lives as long as the process (closed by close()); a pipe could fill up and stall the parser.
+        self.stderr = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115
+        self.proc = subprocess.Popen([str(launcher(version)), str(ARGCHECK), "--serve"], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, stderr=self.stderr, text=True)
+        atexit.register(self.close)
+
+    def ask(self, request: dict[str, Any]) -> Any:
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        line = ""
+        if self.proc.poll() is None:
+            self.proc.stdin.write(json.dumps(request) + "\n")
+            self.proc.stdin.flush()
+            line = self.proc.stdout.readline()
+        if not line:
+            self.proc.wait()
+            self.stderr.seek(0)
+            raise RuntimeError(f"expected {ARGCHECK.name} --serve to answer for sglang {request['version']}; it "
+                               f"exited {self.proc.returncode}:\n{self.stderr.read()[-4000:]}")
+        return json.loads(line)
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            assert self.proc.stdin is not None
+            self.proc.stdin.close()
+            self.proc.wait(timeout=30)
+        self.stderr.close()
+
+
+_servers: dict[str, _Server] = {}
+
+
 def check_argvs(version: str, argvs: list[list[str]], dflash_checks: bool = False) -> list[dict[str, Any]]:
-    """Parse every argv with the real sglang `version` parser (one process for all of them).
+    """Parse every argv with the real sglang `version` parser (one process per version for the session).
 
     Each result is {"ok", "error", "stderr", "warnings", "namespace", "dflash"} as printed by
     tools/sglang_argcheck.py; `dflash_checks` also runs SGLang's DFLASH startup rules.
     """
-    proc = subprocess.run(
-        [str(launcher(version)), str(ARGCHECK)],
-        input=json.dumps({"version": version, "argvs": argvs, "dflash_checks": dflash_checks}),
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    if proc.returncode != 0:
-        raise RuntimeError(
-            f"expected {ARGCHECK.name} to exit 0 for sglang {version}; it exited {proc.returncode}:\n"
-            f"{proc.stderr[-4000:]}"
-        )
-    results = json.loads(proc.stdout)
+    server = _servers.get(version)
+    if server is None or server.proc.poll() is not None:
+        server = _servers[version] = _Server(version)
+    results = server.ask({"version": version, "argvs": argvs, "dflash_checks": dflash_checks})
     if len(results) != len(argvs):
         raise RuntimeError(f"expected {len(argvs)} results from {ARGCHECK.name}, found {len(results)}")
-    return results
+    return list(results)
 
 
 @cache

@@ -4,6 +4,7 @@
 Runs inside the parser environment (tools/sglang_parser_env.sh), with the wanted version importable:
   echo '{"version": "0.5.23", "argvs": [["--model-path", "/m"]]}' \
     | .cache/sglang-parser/bin/python-0.5.23 tools/sglang_argcheck.py
+  .cache/sglang-parser/bin/python-0.5.23 tools/sglang_argcheck.py --serve   # one request per line, kept open
 Prints one result per argv, in order:
   {"ok": bool, "error": str|null, "stderr": str, "warnings": [str], "namespace": {dest: value},
    "dflash": null | {"ok": bool|null, "error": str|null, "warnings": [str], "resolved": {field: value}}}
@@ -176,9 +177,8 @@ def with_dflash_checks(parser: argparse.ArgumentParser, argv: list[str], result:
     return result
 
 
-def read_request(stream: io.TextIOBase) -> tuple[str, list[list[str]], bool]:
-    """Read {"version": str, "argvs": [[str, ...], ...], "dflash_checks"?: bool} from `stream`."""
-    request = json.load(stream)
+def check_request(request: Any) -> tuple[str, list[list[str]], bool]:
+    """Check {"version": str, "argvs": [[str, ...], ...], "dflash_checks"?: bool} and return its parts."""
     version, argvs = request.get("version"), request.get("argvs")
     if not isinstance(version, str) or not isinstance(argvs, list) or not all(
         isinstance(a, list) and all(isinstance(s, str) for s in a) for a in argvs
@@ -190,24 +190,46 @@ def read_request(stream: io.TextIOBase) -> tuple[str, list[list[str]], bool]:
     return version, argvs, bool(request.get("dflash_checks", False))
 
 
-def main() -> int:
-    """Read the request, parse every argv, print the results as a JSON list."""
-    version, argvs, dflash_checks = read_request(sys.stdin)
-    scrub_sglang_environment()
-    with contextlib.redirect_stdout(sys.stderr):
-        imported_sglang_version(version)
-        parser = build_real_parser()
-    quiet = given_only(parser)
-    results = []
-    for argv in argvs:
-        result = parse_one(parser, quiet, argv)
-        if dflash_checks:
-            result = with_dflash_checks(parser, argv, result)
-        results.append(asdict(result))
-    json.dump(results, sys.stdout, indent=1, sort_keys=True)
+class Checker:
+    """The real parser of the importable sglang, built once; answers requests for that version."""
+
+    def __init__(self, version: str) -> None:
+        scrub_sglang_environment()
+        with contextlib.redirect_stdout(sys.stderr):
+            imported_sglang_version(version)
+            self.parser = build_real_parser()
+        self.version = version
+        self.quiet = given_only(self.parser)
+
+    def answer(self, version: str, argvs: list[list[str]], dflash_checks: bool) -> list[dict[str, Any]]:
+        if version != self.version:
+            raise SystemExit(f"expected requests for sglang {self.version} in this process, found {version}")
+        results = []
+        for argv in argvs:
+            result = parse_one(self.parser, self.quiet, argv)
+            if dflash_checks:
+                result = with_dflash_checks(self.parser, argv, result)
+            results.append(asdict(result))
+        return results
+
+
+def main(argv: list[str]) -> int:
+    """Read the request, parse every argv, print the results as a JSON list. With --serve: one request per
+    line on stdin, one JSON line of results per request on stdout, the parser built once (tests keep one such
+    process per version for a whole session)."""
+    if argv[1:] == ["--serve"]:
+        checker: Checker | None = None
+        for line in sys.stdin:
+            version, argvs, dflash_checks = check_request(json.loads(line))
+            checker = checker or Checker(version)
+            sys.stdout.write(json.dumps(checker.answer(version, argvs, dflash_checks), sort_keys=True) + "\n")
+            sys.stdout.flush()
+        return 0
+    version, argvs, dflash_checks = check_request(json.load(sys.stdin))
+    json.dump(Checker(version).answer(version, argvs, dflash_checks), sys.stdout, indent=1, sort_keys=True)
     sys.stdout.write("\n")
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(sys.argv))
