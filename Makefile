@@ -57,8 +57,8 @@ syntax: setup
 test-unit: setup ## fast tests, first and failing fast: planner, parsers, modules, filters, wiring (no lab, no SGLang env)
 	$(BIN)/pytest -x -n 2 $(UNIT) --durations=10
 
-# The slow set-up (the SGLang parser venv, the lab's rootfs and machines: downloads and disk, little CPU) runs in
-# the background while the unit tier runs; a failing unit tier stops it at once.
+# The slow set-up (the SGLang parser venv, the lab's rootfs and machines: mostly downloads and disk) runs in the
+# background while the unit tier runs (both share the CPU); a failing unit tier stops it at once.
 BUILD_LOG := .cache/test-build.log
 
 test: setup ## everything CI runs: the unit tier first (with the slow set-up behind it), lint, real-parser and lab tests
