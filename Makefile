@@ -17,7 +17,7 @@ PYTEST_ARGS ?= --durations=25
 # The unit tier: no lab, no SGLang parser venv, no engine stand-in wheel; it runs first and stops at a failure.
 UNIT := -m "not lab and not sglang_parser and not standin"
 
-.PHONY: help setup lock sglang-env sglang-flags lint syntax test test-unit plan bench-plan bench-sync bench-deploy device-check lab-wheels lab-up lab-down lab-status demo clean
+.PHONY: help setup lock locks wheelhouse sglang-env sglang-flags lint syntax test test-unit plan bench-plan bench-sync bench-deploy device-check lab-wheels lab-up lab-down lab-status demo clean
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-13s %s\n", $$1, $$2}'
@@ -83,8 +83,19 @@ device-check: ## on a GPU host: raw captures, read-only probe/preflight/plan, me
 bench-sync: setup ## model sync vs raw rsync, no-op re-sync, resume after a kill (lab; GB-sized fixtures)
 	$(BIN)/python tools/bench_sync.py
 
-lab-wheels: setup ## build the lab's engine stand-in wheel (.cache/lab/wheelhouse)
+lab-wheels: setup ## the lab's wheels: the engine stand-in (built), the gateway's (downloaded), checked against their locks
 	PYTHON=$(abspath $(BIN)/python) lab/engine/build_wheel.sh
+	$(BIN)/python tools/make_locks.py wheelhouse --inventory lab --dest .cache/lab/gateway-wheels
+	$(BIN)/python tools/make_locks.py lock --check --inventory lab
+
+locks: lab-wheels ## re-resolve the venvs' hash-locked requirement files (locks/) whose pin or platform changed
+	$(BIN)/python tools/make_locks.py lock
+
+# The locked wheels for containers without PyPI (docs/serving.md): INVENTORY's locks, or LOCKS="locks/a.txt ...".
+INVENTORY ?= production
+WHEELHOUSE ?= .cache/wheelhouse
+wheelhouse: setup ## download the locked wheels of INVENTORY's containers (or of LOCKS) into WHEELHOUSE, hashes required
+	$(BIN)/python tools/make_locks.py wheelhouse --dest $(WHEELHOUSE) $(if $(LOCKS),$(LOCKS),--inventory $(INVENTORY))
 
 lab-up: setup lab-wheels ## boot the lab containers (ct200, ct129) on loopback addresses
 	$(BIN)/python lab/labctl.py up

@@ -266,7 +266,8 @@ def record(*, plan: Mapping[str, Any], engine_info: Mapping[str, Any], models: M
     return {
         "schema": 1,
         "engine": {"name": engine_info.get("name"), "version": engine_info.get("version"),
-                   "venv": engine_info.get("venv")},
+                   "venv": engine_info.get("venv"), "lock": dict(engine_info.get("lock") or {}) or None,
+                   "packages": dict(engine_info.get("packages") or {})},
         "plan": dict(plan),
         "args": list(plan.get("args") or []),
         "models": {role: {"path": (m or {}).get("path"), "manifest_sha256": (m or {}).get("manifest_sha256")}

@@ -75,7 +75,10 @@ def engine_line(engine: Mapping[str, Any] | None, check_mode: bool) -> str | Non
     if not engine:
         return None
     prefix = "would install " if check_mode and not engine.get("probed") else ""
-    return f"engine: {prefix}{engine.get('name')} {engine.get('version')} at {engine.get('venv')}"
+    lock = engine.get("lock") or {}
+    locked = (f", locked by {lock.get('file')} ({lock.get('packages')} packages, sha256 {str(lock.get('sha256'))[:16]})"
+              if lock.get("file") else "")
+    return f"engine: {prefix}{engine.get('name')} {engine.get('version')} at {engine.get('venv')}{locked}"
 
 
 def serving_lines(record: Mapping[str, Any] | None, url: str, model_name: str, unit: str) -> list[str]:

@@ -51,7 +51,9 @@ options:
     type: list
     elements: str
   venvs:
-    description: Virtual environments to read, as {path, capabilities_file}.
+    description:
+      - Virtual environments to read, as {path, capabilities_file, lock_file, interpreter}; the interpreter that
+        would create a missing venv is asked for its version.
     type: list
     elements: dict
   training:
@@ -138,7 +140,8 @@ def read_section(name: str, p: dict[str, Any]) -> Any:
     if name == "units":
         return systemd.show(list(p["units"] or []))
     if name == "venvs":
-        return {v["path"]: python_env.venv(v["path"], v.get("capabilities_file") or "") for v in p["venvs"] or []}
+        return {v["path"]: python_env.venv(v["path"], v.get("capabilities_file") or "", v.get("lock_file") or "",
+                                           v.get("interpreter") or "") for v in p["venvs"] or []}
     if name == "training":
         return training_job(p["training"])
     if name == "models":

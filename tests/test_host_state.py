@@ -3,6 +3,7 @@ result (dflash_infra.host_state, plan_inputs, preflight) on real captures from t
 
 from __future__ import annotations
 
+import hashlib
 import http.server
 import json
 import os
@@ -159,6 +160,8 @@ def gpu_host(tmp_path: Path) -> dict[str, Any]:
     (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: sglang\nVersion: 0.5.23\n\nbody\n")
     (venv / "bin").mkdir()
     (venv / "bin" / "python").symlink_to("/usr/bin/python3")
+    (venv / "pyvenv.cfg").write_text("home = /usr/bin\ninclude-system-site-packages = false\nversion_info = 3.12.3\n")
+    (venv / "installed-lock.txt").write_text("# the lock\n")
     caps = {"name": "sglang", "version": "0.5.23", "flags": ["--help"]}
     (venv / "dflash-capabilities.json").write_text(json.dumps(caps))
     state_dir = tmp_path / "state"
@@ -194,7 +197,10 @@ def test_the_module_reads_a_gpu_host_in_one_call_and_changes_nothing(gpu_host: d
             "files": [{"path": str(gpu_host["state_dir"]), "children": True}, {"path": "/nowhere/at/all"}],
             "users": ["root", "no-such-user-dflash"], "groups": ["root", "no-such-group-dflash"],
             "venvs": [{"path": str(gpu_host["venv"]),
-                       "capabilities_file": str(gpu_host["venv"] / "dflash-capabilities.json")}],
+                       "capabilities_file": str(gpu_host["venv"] / "dflash-capabilities.json"),
+                       "lock_file": str(gpu_host["venv"] / "installed-lock.txt"), "interpreter": "/usr/bin/python3"},
+                      {"path": str(gpu_host["root"] / "no-venv-yet"), "interpreter": "/usr/bin/python3",
+                       "lock_file": str(gpu_host["root"] / "no-lock-yet.txt")}],
             "ports": [port], "filesystems": [str(gpu_host["root"] / "not-yet" / "models")],
             "health": [{"url": f"http://127.0.0.1:{server.server_address[1]}/", "timeout": 5}],
         }, "--check")
@@ -214,6 +220,12 @@ def test_the_module_reads_a_gpu_host_in_one_call_and_changes_nothing(gpu_host: d
     assert state["accounts"]["groups"]["no-such-group-dflash"] is None
     venv = state["venvs"][str(gpu_host["venv"])]
     assert venv["distributions"]["sglang"] == "0.5.23" and venv["capabilities"]["json"]["version"] == "0.5.23"
+    # The venv's Python from its pyvenv.cfg; the lock it was installed from by hash; no interpreter asked.
+    assert venv["python_version"] == "3.12.3" and "interpreter_version" not in venv
+    assert venv["lock"]["sha256"] == hashlib.sha256(b"# the lock\n").hexdigest()
+    missing = state["venvs"][str(gpu_host["root"] / "no-venv-yet")]
+    assert missing["python"] is False and missing["lock"]["exists"] is False
+    assert missing["interpreter_version"] == state["system"]["platform"]["python"]  # the module's own /usr/bin/python3
     [holder] = state["ports"][str(port)]
     assert holder["pid"] == os.getpid() and holder["local"] == f"127.0.0.1:{port}"
     fs = state["system"]["filesystems"][str(gpu_host["root"] / "not-yet" / "models")]

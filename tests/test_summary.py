@@ -23,7 +23,9 @@ def inputs(**changes: Any) -> dict[str, Any]:
         "training": {"processes": [{"pid": 1}, {"pid": 2}]},
         "training_record_path": "/var/lib/dflash-infra/stopped-training.json", "models": MODELS,
         "model_root": "/root/models", "synced_this_run": True,
-        "engine": {"name": "sglang", "version": "0.5.23", "venv": "/opt/sglang/venv", "probed": True},
+        "engine": {"name": "sglang", "version": "0.5.23", "venv": "/opt/sglang/venv", "probed": True,
+                   "lock": {"file": "sglang-0.5.23-py3.12-x86_64-manylinux_2_34.txt", "sha256": "0123456789abcdef" * 4,
+                            "packages": 207}},
         "record": RECORD, "url": "http://127.0.0.1:30000", "model_name": "Qwen3.6-27B", "unit": "sglang-qwen.service"}
     return base | changes
 
@@ -38,7 +40,8 @@ def test_a_full_deploy_names_every_stage_in_order() -> None:
         "context 262144",
         "training: stopped 2 process(es), record /var/lib/dflash-infra/stopped-training.json",
         "models: target manifest 0123456789abcdef, draft manifest not verified synced and verified at /root/models",
-        "engine: sglang 0.5.23 at /opt/sglang/venv",
+        "engine: sglang 0.5.23 at /opt/sglang/venv, locked by sglang-0.5.23-py3.12-x86_64-manylinux_2_34.txt (207 "
+        "packages, sha256 0123456789abcdef)",
         "serving: http://127.0.0.1:30000/v1 (Qwen3.6-27B), unit sglang-qwen.service, record deployed_at "
         "2026-12-01T09:00:00+00:00",
         "gates: ready (all gates passed)",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -72,6 +73,14 @@ class LabHandle:
                         "${db:Status-Abbrev}\\n' | sort; apt-mark showhold")
         assert proc.returncode == 0, proc.stderr
         return proc.stdout
+
+    def put(self, name: str, local: Path, remote: str) -> None:
+        """Copy a file from this machine into a container (over SSH, as a user would with scp)."""
+        container = next(c for c in labctl.CONTAINERS if c.name == name)
+        with local.open("rb") as fh:
+            proc = subprocess.run(labctl.ssh_argv(self.paths, container, "sh", "-c", shlex.quote(f"cat > {remote}")),
+                                  stdin=fh, capture_output=True)
+        assert proc.returncode == 0, proc.stderr.decode(errors="replace")
 
     def ssh(self, name: str, *command: str) -> subprocess.CompletedProcess[str]:
         """Run a command in a container over SSH with the lab key and the lab's known_hosts."""

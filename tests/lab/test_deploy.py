@@ -8,6 +8,7 @@ through the Proxmox node (pct, API checks; a no-op takes no snapshot); last, a c
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shlex
@@ -21,6 +22,7 @@ import ansible_runner
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from dflash_infra import locks
 from helpers import BIN, ROOT
 
 if TYPE_CHECKING:
@@ -129,6 +131,9 @@ def changed_tasks(runner: ansible_runner.Runner) -> list[str]:
     return names
 
 
+# A wheel the engine's lock does not list, from the lab's gateway wheelhouse (make lab-wheels), put in /tmp/<HAND>/.
+HAND = "typing_extensions"
+
 # Drift on a converged host, one thing at a time: the next deploy repairs exactly that and reports changed for
 # exactly the tasks that repair it (a restart follows a changed unit or model: the engine holds them open).
 DRIFTS = {
@@ -148,12 +153,20 @@ DRIFTS = {
                             ["Copy, verify and move the models into place"]),
     "the training job started again": ("systemctl start lab-training-autostart.service",
                                        ["Stop the training job and wait until the GPUs the plan needs are free"]),
+    # Someone pip-installs a package into the engine's venv by hand (a wheel copied in: the lab has no PyPI).
+    "a package pip-installed into the engine's venv": (
+        f"cd /tmp/{HAND} && /opt/sglang/venv/bin/pip install -q --no-index ./*.whl",
+        ["Remove the distributions the lock does not list"]),
 }
 
 
 @pytest.mark.parametrize("drift", list(DRIFTS))
 def test_drift_on_a_converged_host_is_repaired_exactly(fresh_lab: LabHandle, tmp_path: Path, drift: str) -> None:
     command, repairs = DRIFTS[drift]
+    hand = sorted((fresh_lab.paths.state / "gateway-wheels").glob(f"{HAND}-*.whl"))[-1] if HAND in command else None
+    if hand:
+        assert fresh_lab.ssh("ct200", "mkdir", "-p", f"/tmp/{HAND}").returncode == 0
+        fresh_lab.put("ct200", hand, f"/tmp/{HAND}/{hand.name}")
     made = fresh_lab.ssh("ct200", "sh", "-c", shlex.quote(command))
     assert made.returncode == 0, made.stderr
     runner = deploy(tmp_path)
@@ -161,11 +174,39 @@ def test_drift_on_a_converged_host_is_repaired_exactly(fresh_lab: LabHandle, tmp
     assert runner.rc == 0, out[-5000:]
     repaired = changed_tasks(runner)
     assert repaired == repairs, f"changed: {repaired}\n{out[-3000:]}"
+    if hand:  # reported by name and version, and gone
+        assert f"- typing-extensions {hand.name.split('-')[1]} (not in the lock)" in out, out[-3000:]
+        left = fresh_lab.ssh("ct200", "/opt/sglang/venv/bin/python", "-m", "pip", "list", "--format=freeze")
+        assert left.returncode == 0 and "typing" not in left.stdout.lower(), left.stdout
 
 
 def test_after_the_drifts_the_host_is_converged(fresh_lab: LabHandle, tmp_path: Path) -> None:
     runner = deploy(tmp_path)
     assert runner.rc == 0 and changed(runner) == 0, stdout(runner)[-5000:]
+    # The record names the lock the engine's venv holds, and the host keeps that very lock.
+    record = json.loads(fresh_lab.ssh("ct200", "cat", "/var/lib/dflash-infra/deployment.json").stdout)
+    lock = ROOT / "locks" / record["engine"]["lock"]["file"]
+    assert record["engine"]["lock"]["sha256"] == hashlib.sha256(lock.read_bytes()).hexdigest()
+    assert record["engine"]["packages"] == {"sglang": "0.5.23+lab"}
+    copy = fresh_lab.ssh("ct200", "sha256sum", "/var/lib/dflash-infra/locks/engine.txt").stdout.split()[0]
+    assert copy == record["engine"]["lock"]["sha256"]
+
+
+def test_the_gateways_lab_lock_installs_with_hashes_required_and_the_real_smg_runs(
+        fresh_lab: LabHandle, tmp_path: Path) -> None:
+    """The gateway's venv through the engine's own locked_venv role: real smg wheels, hashes required."""
+    args = {**runner_args(tmp_path), "playbook": "tests/lab/playbooks/gateway_venv.yml", "limit": "ct200"}
+    first = ansible_runner.run(**args)
+    out = stdout(first)
+    assert first.rc == 0 and changed(first) > 0, out[-5000:]
+    assert "smg: smg 1.13.0" in out and "+ smg 1.13.0 (missing)" not in out  # a fresh venv lists no lines
+    assert "/opt/smg/venv does not exist yet -> smg==1.13.0 (7 locked packages" in out, out[-3000:]
+    freeze = fresh_lab.ssh("ct200", "/opt/smg/venv/bin/python", "-m", "pip", "list", "--format=freeze").stdout
+    lock = locks.parse((ROOT / "locks" / "smg-1.13.0-py3.11-x86_64-manylinux_2_34.txt").read_text())
+    installed = dict(line.split("==") for line in freeze.split())
+    assert locks.compare(installed, lock) == {"missing": [], "changed": [], "extra": []}, freeze
+    again = ansible_runner.run(**{**runner_args(tmp_path), "playbook": args["playbook"], "limit": "ct200"})
+    assert again.rc == 0 and changed(again) == 0, stdout(again)[-3000:]
 
 
 def test_wrong_hardware_is_refused_before_any_change(fresh_lab: LabHandle, tmp_path: Path) -> None:
