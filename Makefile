@@ -15,9 +15,9 @@ PLAYBOOKS := deploy_dflash.yml $(wildcard playbooks/*.yml)
 TYPED := $(wildcard dflash_infra library module_utils action_plugins callback_plugins)
 PYTEST_ARGS ?= --durations=25
 # The unit tier: no lab, no SGLang parser venv, no engine stand-in wheel; it runs first and stops at a failure.
-UNIT := -m "not lab and not sglang_parser and not standin"
+UNIT := -m "not lab and not sglang_parser and not smg_parser and not standin"
 
-.PHONY: help setup lock locks wheelhouse sglang-env sglang-flags lint syntax test test-unit plan bench-plan bench-sync bench-deploy device-check lab-wheels lab-up lab-down lab-status demo clean
+.PHONY: help setup lock locks wheelhouse lab-standin sglang-env sglang-flags lint syntax test test-unit plan bench-plan bench-sync bench-deploy device-check lab-wheels lab-up lab-down lab-status demo clean
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-13s %s\n", $$1, $$2}'
@@ -66,7 +66,7 @@ test: setup ## everything CI runs: the unit tier first (with the slow set-up beh
 	@setsid $(MAKE) --no-print-directory --output-sync=target -j2 sglang-env lab-up > $(BUILD_LOG) 2>&1 & build=$$!; \
 	  if ! $(MAKE) --no-print-directory test-unit; then kill -- -$$build 2>/dev/null; wait || true; exit 1; fi; \
 	  rc=0; $(MAKE) --no-print-directory lint || rc=$$?; wait $$build || rc=$$?; cat $(BUILD_LOG); exit $$rc
-	$(BIN)/pytest -m "lab or sglang_parser or standin" $(PYTEST_ARGS)
+	$(BIN)/pytest -m "lab or sglang_parser or smg_parser or standin" $(PYTEST_ARGS)
 
 plan: setup ## print the plans of the example requests (examples/*.yml)
 	@for req in examples/*.yml; do echo "== $$req"; $(BIN)/dflash-infra plan "$$req" --format table || true; done
@@ -83,12 +83,14 @@ device-check: ## on a GPU host: raw captures, read-only probe/preflight/plan, me
 bench-sync: setup ## model sync vs raw rsync, no-op re-sync, resume after a kill (lab; GB-sized fixtures)
 	$(BIN)/python tools/bench_sync.py
 
-lab-wheels: setup ## the lab's wheels: the engine stand-in (built), the gateway's (downloaded), checked against their locks
+lab-standin: setup
 	PYTHON=$(abspath $(BIN)/python) lab/engine/build_wheel.sh
+
+lab-wheels: lab-standin ## the lab's wheels: the engine stand-in (built), the gateway's (downloaded), checked against their locks
 	$(BIN)/python tools/make_locks.py wheelhouse --inventory lab --dest .cache/lab/gateway-wheels
 	$(BIN)/python tools/make_locks.py lock --check --inventory lab
 
-locks: lab-wheels ## re-resolve the venvs' hash-locked requirement files (locks/) whose pin or platform changed
+locks: lab-standin ## re-resolve the venvs' hash-locked requirement files (locks/) whose pin, platform or wheel changed
 	$(BIN)/python tools/make_locks.py lock
 
 # The locked wheels for containers without PyPI (docs/serving.md): INVENTORY's locks, or LOCKS="locks/a.txt ...".
