@@ -54,6 +54,10 @@ class Plan:
     # Where the engine listens and what it serves, as the argv says: the service and its gates read them here.
     serve: dict[str, Any] = field(default_factory=dict)
     args: list[str] = field(default_factory=list)
+    # Behind the SGLang Model Gateway (a `gateway` section in the request): one engine per replica, each with its
+    # GPUs, port and argv (`args` is replica 0's), and the gateway's own argv (`smg launch ...`).
+    replicas: list[dict[str, Any]] = field(default_factory=list)
+    gateway: dict[str, Any] = field(default_factory=dict)
     reasons: dict[str, str] = field(default_factory=dict)
     candidates: list[dict[str, Any]] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
@@ -103,6 +107,7 @@ def plan(request: Mapping[str, Any], base: Path | None = None) -> Plan:
 
     rendered = argv.render(req, spread, chosen, context, kernels, notes)
     out.speculative, out.args = rendered.speculative, rendered.args
+    out.replicas, out.gateway = rendered.replicas, rendered.gateway
     return out
 
 
@@ -126,7 +131,12 @@ def plan_table(result: Mapping[str, Any]) -> str:
     lines.insert(1, "-" * (width[0] + width[1] + 10))
     if result.get("args"):
         lines.append("")
-        lines.append("engine argv: " + " ".join(result["args"]))
+        label = "replica 0 engine argv: " if result.get("replicas") else "engine argv: "
+        lines.append(label + " ".join(result["args"]))
+    for replica in result.get("replicas") or []:
+        lines.append(f"replica {replica['index']}: GPUs {replica['cuda_visible_devices']} at {replica['url']}")
+    if result.get("gateway"):
+        lines.append("gateway argv: smg launch " + " ".join(result["gateway"]["args"]))
     for w in result.get("warnings", []):
         lines.append(f"WARNING: {w}")
     for e in result.get("errors", []):

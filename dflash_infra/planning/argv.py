@@ -6,10 +6,11 @@ does not accept is an error naming the flag, never a silent omission.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from dflash_infra import engine
+from dflash_infra.planning import gateway
 from dflash_infra.planning.notes import Notes
 from dflash_infra.planning.sizing import MAMBA_FULL_MEMORY_RATIO, Layout
 from dflash_infra.planning.topology import Topology
@@ -36,10 +37,13 @@ class Kernels:
 
 @dataclass(frozen=True)
 class Rendered:
-    """The engine argv (empty when a flag is refused) and the plan's `speculative` section."""
+    """The engine argv (empty when a flag is refused), the plan's `speculative` section and, behind a gateway,
+    one engine argv per replica (each on its own port, without --dp-size) and the gateway's argv."""
 
     args: list[str]
     speculative: dict[str, Any]
+    replicas: list[dict[str, Any]] = field(default_factory=list)
+    gateway: dict[str, Any] = field(default_factory=dict)
 
 
 def _generation_kernels(compute_cap: str | None, hybrid: bool) -> tuple[dict[str, Any], str]:
@@ -115,10 +119,31 @@ def render(request: Request, topology: Topology, chosen: Layout, context: int, k
                                         + (f", tree budget {spec.tree_budget}" if spec.tree_budget else "")
                                         + f", cap {spec.max_draft_tokens}")
     values = engine_values(request, topology, chosen, context, kernels)
+    routed = request.gateway
+    if routed is not None:  # one engine per replica: no --dp-size, each on its own port where the gateway reaches it
+        values.update(host=routed.settings["worker_host"], port=routed.worker_port(0), dp_size=None)
     argv, flag_errors = engine.render_argv(values, request.engine.version, request.engine.table)
     if spec.mode == "ddtree":
         flag_errors = [e + " (ddtree needs an engine build with draft trees; refusing to fall back to linear "
                        "DFLASH silently)" if e.startswith("tree_budget") else e for e in flag_errors]
     notes.errors.extend(flag_errors)
     notes.reasons["args"] = f"flags as spelled by SGLang {request.engine.release} (extracted flag table)"
-    return Rendered(argv if not flag_errors else [], section)
+    if flag_errors:
+        return Rendered([], section)
+    if routed is None:
+        return Rendered(argv, section)
+    port_errors = gateway.port_problems(routed, topology.dp)
+    notes.errors.extend(port_errors)
+    if port_errors:
+        return Rendered([], section)
+    replicas = []
+    for index in range(topology.dp):
+        args, _ = engine.render_argv({**values, "port": routed.worker_port(index)}, request.engine.version,
+                                     request.engine.table)
+        replicas.append(gateway.replica(index, topology.gpu_ids[index * topology.tp:(index + 1) * topology.tp],
+                                        routed, args))
+    notes.reasons["replicas"] = (f"{topology.dp} engine(s) of tp {topology.tp}, one per GPU group, each its own "
+                                 f"process on {routed.settings['worker_host']} behind the gateway")
+    return Rendered(argv, section, replicas, {"host": routed.host, "port": routed.port,
+                                              "args": gateway.argv(routed, topology.dp),
+                                              "settings": dict(routed.settings)})

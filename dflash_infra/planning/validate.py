@@ -13,6 +13,8 @@ from typing import Any
 
 from dflash_infra import catalogue, engine
 from dflash_infra.models import ModelConfigError, ModelSpec, model_spec
+from dflash_infra.planning import gateway
+from dflash_infra.planning.gateway import Gateway
 from dflash_infra.planning.notes import Notes
 
 # What a plan must hold per replica to count as useful (overridable per request under `capacity`).
@@ -104,7 +106,8 @@ class Request:
     model_path: Any  # the target's `path` (or its name): the engine's --model-path
     draft_path: Any  # the drafter's `path` (or its name) when speculative decoding is on
     context_length: Any  # the context length asked for (override first), None for the model's maximum
-    serve: Mapping[str, Any]  # served model name, host and port
+    serve: Mapping[str, Any]  # served model name, host and port (the gateway's, when there is one)
+    gateway: Gateway | None = None  # one engine per replica behind the SGLang Model Gateway (planning/gateway.py)
 
 
 @dataclass(frozen=True)
@@ -286,6 +289,7 @@ def validate_request(request: Any, base: Path | None, notes: Notes) -> Validated
     if request.get("draft"):
         draft, draft_weights = _model(request.get("draft"), "draft", base, notes.errors)
     speculative = _speculative(request, target, draft, notes)
+    routed = gateway.validate(request.get("gateway"), request.get("serve") or {}, notes.errors)
     choice = _engine(request, speculative.enabled, notes)
     described = choice.describe() if choice is not None else {}
     if notes.errors or not gpus or target is None or choice is None:
@@ -306,4 +310,5 @@ def validate_request(request: Any, base: Path | None, notes: Notes) -> Validated
         draft_path=((request.get("draft") or {}).get("path") or drafter.name) if drafter is not None else None,
         context_length=overrides.get("context_length") or request.get("context_length"),
         serve=request.get("serve") or {},
+        gateway=routed,
     ), described)

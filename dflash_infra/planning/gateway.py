@@ -1,0 +1,141 @@
+"""Serving through the SGLang Model Gateway (PyPI `smg`): one engine per TP group behind one endpoint.
+
+With a `gateway` section in the request the plan has no `--dp-size`: each DP replica becomes its own engine
+process on its own GPUs (CUDA_VISIBLE_DEVICES) and port, listening where the gateway reaches it, and the gateway
+(`smg launch`) serves the team's endpoint with the replicas as workers. The gateway's argv is spelled for the
+pinned smg release (1.13.0, `smg/router_args.py`); tests/test_gateway_real_parser.py parses it with that release's
+own parser. API keys never enter an argv here: the gateway's launcher adds them from its secrets file.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+# smg 1.13.0's --policy choices for a regular (not disaggregated) router (COMMON_POLICY_CHOICES).
+POLICIES = ("random", "round_robin", "passthrough", "cache_aware", "power_of_two", "least_load", "manual",
+            "consistent_hashing", "prefix_hash")
+# The endpoint itself (host, port) is the request's `serve` section, as without a gateway.
+DEFAULTS: dict[str, Any] = {
+    "worker_host": "127.0.0.1",  # where the replicas listen: only the gateway (on the same host) reaches them
+    "worker_base_port": 30001,  # replica i listens on worker_base_port + i
+    "policy": "cache_aware",
+    "retry_max_retries": 3,
+    "health_check_endpoint": "/health",
+    "health_check_interval_secs": 5,
+    "health_check_timeout_secs": 5,
+    "health_failure_threshold": 3,
+    "health_success_threshold": 1,
+    "request_timeout_secs": 1800,
+    "prometheus_host": "127.0.0.1",
+    "prometheus_port": 29000,
+}
+# Setting -> smg flag, in the order the argv lists them (after --host, --port, --worker-urls).
+FLAGS = (("policy", "--policy"), ("retry_max_retries", "--retry-max-retries"),
+         ("health_check_endpoint", "--health-check-endpoint"),
+         ("health_check_interval_secs", "--health-check-interval-secs"),
+         ("health_check_timeout_secs", "--health-check-timeout-secs"),
+         ("health_failure_threshold", "--health-failure-threshold"),
+         ("health_success_threshold", "--health-success-threshold"),
+         ("request_timeout_secs", "--request-timeout-secs"),
+         ("prometheus_host", "--prometheus-host"), ("prometheus_port", "--prometheus-port"))
+PORT_KEYS = ("worker_base_port", "prometheus_port")
+COUNT_KEYS = ("retry_max_retries", "health_check_interval_secs", "health_check_timeout_secs",
+              "health_failure_threshold", "health_success_threshold", "request_timeout_secs")
+
+
+@dataclass(frozen=True)
+class Gateway:
+    """The checked gateway settings (DEFAULTS with the request's on top) and the endpoint it serves."""
+
+    settings: dict[str, Any]
+    host: str
+    port: int
+
+    def worker_port(self, index: int) -> int:
+        return int(self.settings["worker_base_port"]) + index
+
+    def worker_url(self, index: int) -> str:
+        host = str(self.settings["worker_host"])
+        return f"http://{f'[{host}]' if ':' in host else host}:{self.worker_port(index)}"
+
+
+def _address(value: Any) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    try:
+        return ipaddress.ip_address(str(value))
+    except ValueError:
+        return None
+
+
+def validate(raw: Any, serve: Mapping[str, Any], errors: list[str]) -> Gateway | None:
+    """The request's `gateway` section checked, for the endpoint `serve` names (None when absent); every mistake
+    becomes an error."""
+    if raw is None or raw is False:
+        return None
+    if not isinstance(raw, Mapping):
+        errors.append(f"gateway: expected a mapping of settings, found {type(raw).__name__}")
+        return None
+    unknown = sorted(set(raw) - set(DEFAULTS))
+    if unknown:
+        errors.append(f"gateway.{unknown[0]}: unknown setting; known: {', '.join(DEFAULTS)}")
+    settings = {**DEFAULTS, **{k: v for k, v in raw.items() if k in DEFAULTS}}
+    before = len(errors)
+    for key in PORT_KEYS:
+        if not isinstance(settings[key], int) or isinstance(settings[key], bool) or not 1 <= settings[key] <= 65535:
+            errors.append(f"gateway.{key}: expected a TCP port (1-65535), found {settings[key]!r}")
+    for key in COUNT_KEYS:
+        if not isinstance(settings[key], int) or isinstance(settings[key], bool) or settings[key] < 1:
+            errors.append(f"gateway.{key}: expected a whole number >= 1, found {settings[key]!r}")
+    if settings["policy"] not in POLICIES:
+        errors.append(f"gateway.policy: {settings['policy']!r} is not one of smg's policies ({', '.join(POLICIES)})")
+    for key in ("worker_host", "prometheus_host"):
+        if _address(settings[key]) is None:
+            errors.append(f"gateway.{key}: expected an IP address, found {settings[key]!r}")
+    host, port = serve.get("host"), serve.get("port")
+    if _address(host) is None or not isinstance(port, int) or not 1 <= port <= 65535:
+        errors.append(f"serve: the gateway's endpoint needs an IP address and a port, found host {host!r}, "
+                      f"port {port!r}")
+    worker = _address(settings["worker_host"])
+    if worker is not None and not worker.is_loopback:
+        errors.append(f"gateway.worker_host: {settings['worker_host']} is not a loopback address; the replicas "
+                      "listen only where the gateway on the same host reaches them (127.0.0.1)")
+    if not str(settings["health_check_endpoint"]).startswith("/"):
+        errors.append(f"gateway.health_check_endpoint: expected a path, found {settings['health_check_endpoint']!r}")
+    if len(errors) > before or not isinstance(port, int):
+        return None
+    return Gateway(settings, str(host), port)
+
+
+def port_problems(gateway: Gateway, replicas: int) -> list[str]:
+    """Ports that collide: the endpoint, the metrics port and every replica's port must all differ."""
+    used: dict[int, str] = {}
+    problems = []
+    named = [(gateway.port, "the gateway's port"),
+             (int(gateway.settings["prometheus_port"]), "the gateway's metrics port")]
+    named += [(gateway.worker_port(i), f"replica {i}'s port") for i in range(replicas)]
+    for port, what in named:
+        if port in used:
+            problems.append(f"gateway: {what} {port} is also {used[port]}; move worker_base_port or the port")
+        elif port > 65535:
+            problems.append(f"gateway: {what} would be {port}, beyond 65535; lower worker_base_port")
+        used.setdefault(port, what)
+    return problems
+
+
+def argv(gateway: Gateway, replicas: int) -> list[str]:
+    """`smg launch` arguments: the endpoint, the replicas as workers, routing, retries, health checks, metrics."""
+    s = gateway.settings
+    out = ["--host", gateway.host, "--port", str(gateway.port), "--worker-urls",
+           *[gateway.worker_url(i) for i in range(replicas)]]
+    for key, flag in FLAGS:
+        out += [flag, str(s[key])]
+    return out
+
+
+def replica(index: int, gpu_ids: list[int], gateway: Gateway, args: list[str]) -> dict[str, Any]:
+    """One replica: its GPUs (as the host numbers them), port, URL and engine argv."""
+    return {"index": index, "gpu_ids": list(gpu_ids), "cuda_visible_devices": ",".join(str(g) for g in gpu_ids),
+            "host": str(gateway.settings["worker_host"]), "port": gateway.worker_port(index),
+            "url": gateway.worker_url(index), "args": list(args)}

@@ -1,0 +1,80 @@
+"""The planner behind the SGLang Model Gateway: one engine per TP group (own GPUs, own port, no --dp-size) and the
+gateway's argv, from a `gateway` section; its mistakes are errors naming the setting. The argvs against the real
+parsers: tests/test_gateway_real_parser.py."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from dflash_infra.planner import plan_dict, plan_table
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+
+
+def planned(name: str = "pro6000", gateway: Any = None, **serve: Any) -> dict[str, Any]:
+    request = yaml.safe_load((EXAMPLES / f"{name}.yml").read_text())
+    if gateway is not None:
+        request["gateway"] = gateway
+    request["serve"] = {**request["serve"], **serve}
+    return plan_dict(request, EXAMPLES)
+
+
+def test_without_a_gateway_the_plan_is_one_process_with_dp_size() -> None:
+    plan = planned()
+    assert plan["replicas"] == [] and plan["gateway"] == {}
+    assert plan["args"][plan["args"].index("--dp-size") + 1] == "4"
+
+
+def test_behind_a_gateway_each_tp_group_is_its_own_engine_on_loopback() -> None:
+    plan = planned(gateway={})
+    assert plan["errors"] == [] and (plan["tp_size"], plan["dp_size"]) == (2, 4)
+    replicas = plan["replicas"]
+    assert [(r["index"], r["gpu_ids"], r["cuda_visible_devices"], r["port"]) for r in replicas] == [
+        (0, [0, 1], "0,1", 30001), (1, [2, 3], "2,3", 30002), (2, [4, 5], "4,5", 30003), (3, [6, 7], "6,7", 30004)]
+    for r in replicas:
+        argv = r["args"]
+        assert "--dp-size" not in argv and argv[argv.index("--tp-size") + 1] == "2"
+        assert argv[argv.index("--host") + 1] == "127.0.0.1" and argv[argv.index("--port") + 1] == str(r["port"])
+        assert [a for a in argv if a not in ("--port", str(r["port"]))] == \
+            [a for a in replicas[0]["args"] if a not in ("--port", "30001")]
+    assert plan["args"] == replicas[0]["args"]  # what the installed engine's flags are checked against
+    gw = plan["gateway"]
+    assert (gw["host"], gw["port"]) == ("0.0.0.0", 30000)
+    assert gw["args"][:5] == ["--host", "0.0.0.0", "--port", "30000", "--worker-urls"]
+    assert gw["args"][5:9] == [r["url"] for r in replicas]
+    assert gw["args"][gw["args"].index("--policy") + 1] == "cache_aware"
+    assert not any("key" in a for a in gw["args"])
+    table = plan_table(plan)
+    assert "replica 3: GPUs 6,7 at http://127.0.0.1:30004" in table
+    assert "gateway argv: smg launch --host 0.0.0.0 --port 30000 --worker-urls http://127.0.0.1:30001 " in table
+
+
+def test_the_eval_host_is_one_replica_behind_its_gateway() -> None:
+    plan = planned("eval", gateway={"worker_base_port": 40000}, host="127.0.0.1", port=8080)
+    assert plan["errors"] == [] and [r["gpu_ids"] for r in plan["replicas"]] == [[0, 1]]
+    assert plan["gateway"]["args"][:6] == ["--host", "127.0.0.1", "--port", "8080", "--worker-urls",
+                                           "http://127.0.0.1:40000"]
+
+
+@pytest.mark.parametrize(("gateway", "serve", "error"), [
+    ({"weights": 2}, {}, "gateway.weights: unknown setting; known: worker_host, worker_base_port"),
+    ({"policy": "fastest"}, {}, "gateway.policy: 'fastest' is not one of smg's policies (random, round_robin"),
+    ({"worker_host": "0.0.0.0"}, {}, "gateway.worker_host: 0.0.0.0 is not a loopback address"),
+    ({"worker_host": "ct200"}, {}, "gateway.worker_host: expected an IP address, found 'ct200'"),
+    ({"worker_base_port": 70000}, {}, "gateway.worker_base_port: expected a TCP port (1-65535), found 70000"),
+    ({"retry_max_retries": 0}, {}, "gateway.retry_max_retries: expected a whole number >= 1, found 0"),
+    ({"health_check_endpoint": "health"}, {}, "gateway.health_check_endpoint: expected a path, found 'health'"),
+    ({"worker_base_port": 29997}, {}, "gateway: replica 3's port 30000 is also the gateway's port"),
+    ({"worker_base_port": 65534}, {}, "gateway: replica 2's port would be 65536, beyond 65535"),
+    ({"prometheus_port": 30002}, {}, "gateway: replica 1's port 30002 is also the gateway's metrics port"),
+    ("yes", {}, "gateway: expected a mapping of settings, found str"),
+    ({}, {"host": "ct200.internal"}, "serve: the gateway's endpoint needs an IP address and a port"),
+])
+def test_a_gateway_setting_that_cannot_work_is_an_error_naming_it(gateway: Any, serve: dict, error: str) -> None:
+    plan = planned(gateway=gateway, **serve)
+    assert any(e.startswith(error) for e in plan["errors"]), plan["errors"]
+    assert plan["replicas"] == [] and plan["args"] == []

@@ -1,0 +1,114 @@
+"""The planner's gateway topology against the REAL parsers: the gateway's argv through smg 1.13.0's own
+`parse_router_args` (the pinned release, installed from its lab lock with hashes required into a cached venv), and
+every replica's engine argv through SGLang's. Nothing is mocked."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from dflash_infra.planner import plan_dict
+from dflash_infra.planning import gateway
+from sglang_real import check_argvs
+
+pytestmark = pytest.mark.smg_parser
+
+REPO = Path(__file__).resolve().parents[1]
+EXAMPLES = REPO / "examples"
+LOCK = REPO / "locks" / "smg-1.13.0-py3.11-x86_64-manylinux_2_34.txt"
+VENV = REPO / ".cache" / "smg-parser"
+WHEELS = Path(os.environ.get("LAB_STATE_DIR") or REPO / ".cache" / "lab") / "gateway-wheels"
+
+# Reads a JSON list of argvs on stdin; prints, per argv, smg's RouterArgs or the parser's error.
+PARSE = """
+import contextlib, dataclasses, io, json, sys
+from smg.launch_router import parse_router_args
+from smg.router_args import COMMON_POLICY_CHOICES
+out = []
+for argv in json.load(sys.stdin):
+    err = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(err):
+            parsed = parse_router_args(argv)
+        out.append({"ok": True, "args": dataclasses.asdict(parsed)})
+    except SystemExit as exc:
+        out.append({"ok": False, "code": exc.code, "error": err.getvalue()})
+print(json.dumps({"results": out, "policies": COMMON_POLICY_CHOICES}, default=str))
+"""
+
+
+@pytest.fixture(scope="module")
+def smg_python() -> Path:
+    """smg's own interpreter: a venv holding exactly the lab lock (the lab's Python, this machine's 3.11)."""
+    python, stamp = VENV / "bin" / "python", VENV / ".lock-sha256"
+    digest = hashlib.sha256(LOCK.read_bytes()).hexdigest()
+    if python.exists() and stamp.exists() and stamp.read_text() == digest:
+        return python
+    subprocess.run([sys.executable, str(REPO / "tools" / "make_locks.py"), "wheelhouse", "--dest", str(WHEELS),
+                    str(LOCK)], check=True, capture_output=True)
+    subprocess.run([sys.executable, "-m", "venv", "--clear", str(VENV)], check=True)
+    subprocess.run([str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check", "--require-hashes",
+                    "--no-deps", "--no-index", "--find-links", str(WHEELS), "-r", str(LOCK)], check=True)
+    stamp.write_text(digest)
+    return python
+
+
+def parse(python: Path, argvs: list[list[str]]) -> dict[str, Any]:
+    proc = subprocess.run([str(python), "-c", PARSE], input=json.dumps(argvs), capture_output=True, text=True,
+                          check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result: dict[str, Any] = json.loads(proc.stdout)
+    return result
+
+
+def gateway_plan(**settings: Any) -> dict[str, Any]:
+    request = yaml.safe_load((EXAMPLES / "pro6000.yml").read_text())
+    request["gateway"] = settings
+    result = plan_dict(request, EXAMPLES)
+    assert result["errors"] == [], result["errors"]
+    return result
+
+
+def test_the_gateways_argv_is_taken_by_smg_as_planned(smg_python: Path) -> None:
+    plan = gateway_plan()
+    parsed = parse(smg_python, [plan["gateway"]["args"]])
+    [result] = parsed["results"]
+    assert result["ok"], result
+    args = result["args"]
+    assert (args["host"], args["port"]) == ("0.0.0.0", 30000)
+    assert args["worker_urls"] == [r["url"] for r in plan["replicas"]] == [
+        "http://127.0.0.1:30001", "http://127.0.0.1:30002", "http://127.0.0.1:30003", "http://127.0.0.1:30004"]
+    # Every setting the planner spells lands in smg's field of the same name.
+    for key, _flag in gateway.FLAGS:
+        assert args[key] == plan["gateway"]["settings"][key], key
+    assert args["api_key"] is None and args["control_plane_api_keys"] == []  # keys never enter the argv
+    assert tuple(parsed["policies"]) == gateway.POLICIES
+
+
+def test_smgs_parser_refuses_what_it_does_not_know(smg_python: Path) -> None:
+    plan = gateway_plan()
+    bad = [plan["gateway"]["args"] + ["--no-such-flag"], ["--policy", "fastest"]]
+    results = parse(smg_python, bad)["results"]
+    assert [r["ok"] for r in results] == [False, False]
+    assert "unrecognized arguments: --no-such-flag" in results[0]["error"]
+    assert "invalid choice: 'fastest'" in results[1]["error"]
+
+
+def test_every_replicas_engine_argv_is_one_tp_group_on_its_own_port_for_the_real_sglang() -> None:
+    plan = gateway_plan(worker_base_port=31000)
+    argvs = [r["args"] for r in plan["replicas"]]
+    assert all("--dp-size" not in argv for argv in argvs)
+    for replica, result in zip(plan["replicas"], check_argvs("0.5.23", argvs), strict=True):
+        assert result["ok"], result["error"]
+        ns = result["namespace"]  # the options the argv gave: no dp_size, so the engine's own 1
+        assert (ns["host"], ns["port"], ns["tp_size"]) == ("127.0.0.1", replica["port"], 2) and "dp_size" not in ns
+    assert [r["cuda_visible_devices"] for r in plan["replicas"]] == ["0,1", "2,3", "4,5", "6,7"]
+    assert [r["port"] for r in plan["replicas"]] == [31000, 31001, 31002, 31003]
