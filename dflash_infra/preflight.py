@@ -6,6 +6,7 @@ naming both, never discovered later by an engine crash.
 
 from __future__ import annotations
 
+import ipaddress
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -122,3 +123,17 @@ def serving_problems(host: str, state: Mapping[str, Any], tp: int, port: int, un
     shm_bytes = shm.get("size_bytes") if shm.get("mounted") else None
     holders = (state.get("ports") or {}).get(str(port)) or []
     return shm_problems(host, int(tp), shm_bytes) + holder_problems(host, int(port), holders, unit, listen)
+
+
+def endpoint_problems(host: str, listen: str, port: int, api_key_set: bool, allow_anonymous: bool) -> list[str]:
+    """An endpoint beyond loopback must ask its callers for an API key, unless serving anonymously was chosen."""
+    try:
+        loopback = ipaddress.ip_address(str(listen)).is_loopback
+    except ValueError:
+        loopback = str(listen) == "localhost"
+    if loopback or api_key_set or allow_anonymous:
+        return []
+    return [f"{host}: the endpoint would listen on {listen}:{port}, beyond loopback, with no API key: anyone who can "
+            f"reach {host} could use the model and its admin API. Put a key in ansible-vault as "
+            "vault_dflash_service_api_key (docs/serving.md, \"API keys\"), listen on loopback only "
+            "(dflash_service_listen), or set dflash_service_allow_anonymous: true to serve without a key on purpose."]

@@ -38,4 +38,5 @@ class FilterModule:
             "dflash_record_models": plan_inputs.manifests,
             "dflash_identity_problems": dflash_identity_problems,
             "dflash_serving_problems": dflash_serving_problems,
+            "dflash_endpoint_problems": preflight.endpoint_problems,
         })

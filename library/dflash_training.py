@@ -115,6 +115,10 @@ options:
     description: (resumed) Start the job even while other processes hold its GPUs.
     type: bool
     default: false
+  stop_hints:
+    description: (resumed) systemd unit -> the command that stops it properly, named when that unit holds the GPUs.
+    type: dict
+    default: {}
 author: dflash-infra
 """
 
@@ -205,6 +209,7 @@ ARGUMENT_SPEC: dict[str, Any] = {
     "gpu_free_retries": {"type": "int", "default": 15},
     "gpu_free_delay_s": {"type": "float", "default": 2.0},
     "force": {"type": "bool", "default": False},
+    "stop_hints": {"type": "dict", "default": {}},
 }
 
 
@@ -248,7 +253,8 @@ def main() -> None:
         if p["state"] == "stopped":
             result = stop_job(stop_options(p, host), module.check_mode, now)
         else:
-            result = resume_job(ResumeOptions(host, Path(p["record_path"]), p["nvidia_smi"], p["force"]),
+            result = resume_job(ResumeOptions(host, Path(p["record_path"]), p["nvidia_smi"], p["force"],
+                                              {str(k): str(v) for k, v in (p["stop_hints"] or {}).items()}),
                                 module.check_mode, now)
     except (TrainingError, OSError) as exc:
         module.fail_json(msg=str(exc))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dflash_infra import preflight
 from dflash_infra.catalogue import expected_gpus
 from dflash_infra.preflight import hardware_problems
 
@@ -65,3 +66,14 @@ def test_a_listener_on_another_address_of_a_shared_network_does_not_take_the_por
                                                                    "0.0.0.0")[0]
     assert overlaps("127.0.129.1", "0.0.0.0:30000") and overlaps("::", "[::1]:30000")
     assert not overlaps("127.0.129.1", "[::1]:30000")
+
+
+def test_an_endpoint_beyond_loopback_needs_a_key_or_a_deliberate_choice() -> None:
+    [problem] = preflight.endpoint_problems("ct200", "0.0.0.0", 30000, api_key_set=False, allow_anonymous=False)
+    assert problem.startswith("ct200: the endpoint would listen on 0.0.0.0:30000, beyond loopback, with no API key")
+    assert "vault_dflash_service_api_key" in problem and "dflash_service_allow_anonymous: true" in problem
+    assert preflight.endpoint_problems("ct200", "0.0.0.0", 30000, api_key_set=True, allow_anonymous=False) == []
+    assert preflight.endpoint_problems("ct200", "0.0.0.0", 30000, api_key_set=False, allow_anonymous=True) == []
+    for loopback in ("127.0.200.1", "::1", "localhost"):
+        assert preflight.endpoint_problems("ct200", loopback, 30000, False, False) == []
+    assert preflight.endpoint_problems("ct200", "ct200.internal", 30000, False, False)  # a name is not loopback

@@ -137,6 +137,11 @@ def test_a_refused_resume_names_each_unit_once_with_its_pids_and_says_what_to_do
     assert msg.count("sglang-qwen.service") == 2 and msg.count("pid 50") == 0
     assert "systemctl stop sglang-qwen.service" in msg and "ps -o pid,user,lstart,args -p 77" in msg
     assert "Nothing was started" in msg and "training_stop_resume_force=true" in msg
+    # The engine's unit is named with the playbook that stops serving (group_vars: training_stop_stop_hints).
+    hinted = gpus.resume_refusal("ct200", list(range(8)), owners,
+                                 {"sglang-qwen.service": "ansible-playbook playbooks/stop_serving.yml -l ct200"})
+    assert "Stop the holder first (ansible-playbook playbooks/stop_serving.yml -l ct200; find the owner" in hinted
+    assert "systemctl stop" not in hinted
 
 
 # --------------------------------------------------------------------------- the record and the resume argv

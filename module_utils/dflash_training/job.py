@@ -143,6 +143,7 @@ class ResumeOptions:
     record_path: Path
     nvidia_smi: str = "nvidia-smi"
     force: bool = False
+    stop_hints: dict[str, str] = field(default_factory=dict)
 
 
 def _start(record: dict[str, Any], now: datetime) -> tuple[list[list[str]], str]:
@@ -166,7 +167,7 @@ def resume_job(opt: ResumeOptions, check_mode: bool, now: datetime) -> dict[str,
     holders = gpus.gpu_holders(reading.apps, reading.gpus, record["gpus"])
     if holders and not opt.force:
         raise TrainingError(gpus.resume_refusal(opt.host, record["gpus"],
-                                                gpus.holders_by_owner(holders, gpus.unit_of_pid)))
+                                                gpus.holders_by_owner(holders, gpus.unit_of_pid), opt.stop_hints))
     commands, unit = _start(record, now)
     boot = [u for u in record.get("boot_units") or [] if not systemd.is_enabled(u)]
     kept = resumed_path(opt.record_path, now)

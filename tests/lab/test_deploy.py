@@ -12,6 +12,8 @@ import hashlib
 import json
 import os
 import shlex
+import socket
+import subprocess
 import sys
 import threading
 import urllib.request
@@ -23,7 +25,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from dflash_infra import locks
-from helpers import BIN, ROOT
+from helpers import BIN, ROOT, ansible_environment
 
 if TYPE_CHECKING:
     from tests.lab.conftest import LabHandle
@@ -190,6 +192,68 @@ def test_after_the_drifts_the_host_is_converged(fresh_lab: LabHandle, tmp_path: 
     assert record["engine"]["packages"] == {"sglang": "0.5.23+lab"}
     copy = fresh_lab.ssh("ct200", "sha256sum", "/var/lib/dflash-infra/locks/engine.txt").stdout.split()[0]
     assert copy == record["engine"]["lock"]["sha256"]
+
+
+def test_two_deploys_at_once_the_second_fails_at_once_naming_the_first(fresh_lab: LabHandle, tmp_path: Path) -> None:
+    let_go = tmp_path / "let-go"
+    holder = subprocess.Popen([str(BIN / "ansible-playbook"), "-i", "inventory/lab", "-l", "ct200",
+                               "tests/lab/playbooks/hold_lock.yml", "-e", f"hold_until={let_go}"],
+                              cwd=ROOT, env=ansible_environment(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              text=True)
+    try:
+        while True:  # until the first run holds ct200's lock (or has ended without it)
+            lock = fresh_lab.ssh("ct200", "cat", "/run/dflash-infra/deploy.lock")
+            if lock.returncode == 0 and json.loads(lock.stdout)["pid"] == holder.pid:
+                break
+            assert holder.poll() is None, holder.communicate()[0][-3000:]
+        second = deploy(tmp_path)
+        out = stdout(second)
+        assert second.rc != 0 and changed(second) == 0, out[-3000:]
+        assert f"ct200: another deploy holds this host: Hold the deploy lock until told to let go run by root on " \
+               f"{socket.gethostname()} (pid {holder.pid}, since " in out, out[-3000:]
+        check = deploy(tmp_path, "--check")
+        assert check.rc == 0 and "holds the deploy lock" in stdout(check), stdout(check)[-3000:]
+    finally:
+        let_go.touch()
+        held_out = holder.communicate(timeout=300)[0]
+    assert holder.returncode == 0, held_out[-3000:]
+    after = deploy(tmp_path)
+    assert after.rc == 0 and changed(after) == 0, stdout(after)[-3000:]
+    assert fresh_lab.ssh("ct200", "test", "!", "-e", "/run/dflash-infra/deploy.lock").returncode == 0
+
+
+def test_stop_serving_hands_the_gpus_back_for_training_and_the_next_deploy_serves_again(
+        fresh_lab: LabHandle, tmp_path: Path) -> None:
+    """The user's way back to training after a deploy, and forward to serving again."""
+    def play(name: str) -> ansible_runner.Runner:
+        return ansible_runner.run(**{**runner_args(tmp_path), "playbook": f"playbooks/{name}.yml"})
+
+    def unit(*verb: str) -> str:
+        return fresh_lab.ssh("ct200", "systemctl", *verb, "sglang-qwen.service").stdout.strip()
+
+    refused = play("resume_training")
+    out = stdout(refused)
+    assert refused.rc != 0 and "held by sglang-qwen.service (pids " in out, out[-3000:]
+    assert "Stop the holder first (ansible-playbook playbooks/stop_serving.yml -l ct200)" in out, out[-3000:]
+    stopped = play("stop_serving")
+    assert stopped.rc == 0 and changed(stopped) == 2, stdout(stopped)[-3000:]
+    assert (unit("is-active"), unit("is-enabled")) == ("inactive", "disabled")
+    record = json.loads(fresh_lab.ssh("ct200", "cat", "/var/lib/dflash-infra/stopped-serving.json").stdout)
+    assert record["unit"] == "sglang-qwen.service" and record["by"] == "playbooks/stop_serving.yml"
+    again = play("stop_serving")
+    assert again.rc == 0 and changed(again) == 0, stdout(again)[-3000:]
+    resumed = play("resume_training")
+    assert resumed.rc == 0 and "started the training job" in stdout(resumed), stdout(resumed)[-3000:]
+    assert fresh_lab.ssh("ct200", "pgrep", "-f", "train.py").returncode == 0
+    served = deploy(tmp_path)
+    repaired = changed_tasks(served)
+    assert served.rc == 0, stdout(served)[-5000:]
+    assert "Stop the training job and wait until the GPUs the plan needs are free" in repaired, repaired
+    assert "Forget that playbooks/stop_serving.yml stopped the engine (it serves again)" in repaired, repaired
+    assert (unit("is-active"), unit("is-enabled")) == ("active", "enabled")
+    assert fresh_lab.ssh("ct200", "test", "!", "-e", "/var/lib/dflash-infra/stopped-serving.json").returncode == 0
+    converged = deploy(tmp_path)
+    assert converged.rc == 0 and changed(converged) == 0, stdout(converged)[-3000:]
 
 
 def test_the_gateways_lab_lock_installs_with_hashes_required_and_the_real_smg_runs(

@@ -1,0 +1,95 @@
+"""One deploy at a time: the host lock's module and action plugin (for real, through `ansible localhost`), and how a
+dead run is told from a live one (dflash_infra.host_lock). The two-deploys-at-once run: tests/lab/test_deploy.py."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import socket
+from pathlib import Path
+
+from dflash_infra import host_lock
+from helpers import HOST_PYTHON, ansible_environment, run, run_module, tool
+
+
+def me() -> dict:
+    """A holder that is alive: this test process."""
+    return host_lock.holder("tester", socket.gethostname(), os.getpid(), "deploy_dflash.yml")
+
+
+def test_a_holder_names_its_process_by_pid_and_start_time_and_a_recycled_pid_is_dead() -> None:
+    alive = me()
+    assert alive["started_at"] == host_lock.process_started_at(os.getpid()) != "unknown"
+    now = dt.datetime.now(dt.UTC)
+    assert host_lock.staleness(alive, socket.gethostname(), now, 7200) == ""
+    recycled = {**alive, "started_at": "2020-01-01T00:00:00Z"}  # same pid, another process
+    assert "is gone" in host_lock.staleness(recycled, socket.gethostname(), now, 7200)
+    elsewhere = {**alive, "controller": "laptop-of-someone"}
+    assert host_lock.staleness(elsewhere, socket.gethostname(), now, 7200) == ""  # cannot see it: trusted
+    old = {**elsewhere, "started_at": (now - dt.timedelta(hours=3)).strftime("%Y-%m-%dT%H:%M:%SZ")}
+    assert host_lock.staleness(old, socket.gethostname(), now, 7200) == "it started 3.0 h ago, more than 2 h"
+
+
+def test_a_free_host_is_locked_and_a_dead_runs_lock_is_taken_over_with_a_warning(tmp_path: Path) -> None:
+    path = tmp_path / "run" / "deploy.lock"
+    first = run_module("dflash_host_lock", {"path": str(path), "playbook": "deploy_dflash.yml"})
+    assert first["acquired"] is True and first["changed"] is False and not first.get("failed"), first
+    held = json.loads(path.read_text())
+    assert held["controller"] == socket.gethostname() and held["playbook"] == "deploy_dflash.yml"
+    # That `ansible` process has exited: the next run, on the same controller, takes its lock over.
+    second = run_module("dflash_host_lock", {"path": str(path), "playbook": "deploy_dflash.yml"})
+    assert second["acquired"] is True and second["took_over"] == held, second
+    assert second["msg"].startswith(f"localhost: took over the deploy lock of a dead run (its process {held['pid']} "
+                                    f"on this controller ({socket.gethostname()}) is gone)")
+    assert json.loads(path.read_text())["pid"] != held["pid"]
+
+
+def test_a_live_run_keeps_its_lock_and_the_second_deploy_fails_at_once_naming_it(tmp_path: Path) -> None:
+    path = tmp_path / "deploy.lock"
+    path.write_text(json.dumps(me()))
+    out = run_module("dflash_host_lock", {"path": str(path), "playbook": "serve"})
+    assert out.get("failed") and out["held_by"] == me(), out
+    assert out["msg"].startswith(f"localhost: another deploy holds this host: deploy_dflash.yml run by tester on "
+                                 f"{socket.gethostname()} (pid {os.getpid()}, since {me()['started_at']}). One "
+                                 "deploy runs at a time; wait for it to finish.")
+    assert json.loads(path.read_text()) == me()
+    elsewhere = {**me(), "controller": "laptop-of-someone", "pid": 1}
+    path.write_text(json.dumps(elsewhere))
+    assert run_module("dflash_host_lock", {"path": str(path)}).get("failed")
+    stale = {**elsewhere, "started_at": "2020-01-01T00:00:00Z"}
+    path.write_text(json.dumps(stale))
+    taken = run_module("dflash_host_lock", {"path": str(path), "stale_after_s": 3600})
+    assert taken["acquired"] and "more than 1 h" in taken["msg"] and taken["took_over"] == stale, taken
+    path.write_text("{not json")
+    unreadable = run_module("dflash_host_lock", {"path": str(path)})
+    assert unreadable["acquired"] and "its file cannot be read" in unreadable["msg"], unreadable
+
+
+def test_check_mode_takes_no_lock_and_says_who_holds_one(tmp_path: Path) -> None:
+    path = tmp_path / "deploy.lock"
+    free = run_module("dflash_host_lock", {"path": str(path)}, check=True)
+    assert free["msg"] == "localhost: --check takes no lock" and not path.exists() and not free.get("failed")
+    path.write_text(json.dumps(me()))
+    held = run_module("dflash_host_lock", {"path": str(path)}, check=True)
+    assert not held.get("failed") and held["held_by"] == me() and json.loads(path.read_text()) == me()
+
+
+def test_a_run_gives_back_only_its_own_lock(tmp_path: Path) -> None:
+    path = tmp_path / "deploy.lock"
+    play = tmp_path / "play.yml"
+    play.write_text(f"""
+- hosts: localhost
+  gather_facts: false
+  tasks:
+    - {{dflash_host_lock: {{path: "{path}", playbook: test}}}}
+    - {{ansible.builtin.command: "test -f {path}", changed_when: false}}
+    - {{dflash_host_lock: {{path: "{path}", state: released}}}}
+    - {{ansible.builtin.command: "test ! -e {path}", changed_when: false}}
+    - {{ansible.builtin.copy: {{dest: "{path}", content: '{json.dumps(me())}'}}}}
+    - {{dflash_host_lock: {{path: "{path}", state: released}}}}
+""")
+    proc = run([tool("ansible-playbook"), "-i", "localhost,", "-c", "local", "-e",
+                f"ansible_python_interpreter={HOST_PYTHON}", str(play)], env=ansible_environment())
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    assert json.loads(path.read_text()) == me()  # another run's lock stays
