@@ -1,7 +1,8 @@
 """Action plugin dflash_host_lock: one deploy at a time on a host.
 
-Names this run (user, controller, the ansible-playbook process and its start time; dflash_infra.host_lock) and has
-the module of the same name take the host's lock. A lock another live run holds fails the task at once, naming
+Names this run (user, controller, the ansible-playbook process and its start time; dflash_infra.host_lock) and takes
+the host's lock with one shell command over the open connection (no module round trip: the lock costs each run two
+execs, not two Python start-ups on the host). A lock another live run holds fails the task at once, naming
 that run; a dead run's lock (its process gone from this controller, or older than stale_after_s) is taken over
 with a warning. Under --check no lock is taken: the lock is only read, and a holder is named in a warning.
 """
@@ -10,12 +11,15 @@ from __future__ import annotations
 
 import datetime as dt
 import getpass
+import json
 import os
+import shlex
 import socket
 import sys
 from pathlib import Path
 from typing import Any
 
+from ansible.errors import AnsibleActionFail
 from ansible.plugins.action import ActionBase
 from ansible.utils.display import Display
 
@@ -26,6 +30,40 @@ except ImportError:  # running from a checkout whose package is not installed in
     from dflash_infra import host_lock
 
 display = Display()
+
+
+# The lock's primitives as one POSIX shell command each (one exec over the open connection, no Python on the host):
+# the holder is written whole to a temporary file, then hard-linked to the lock path, which fails when the path
+# exists, so of two runs exactly one gets it and a reader never sees a half-written lock.
+ACQUIRE = ('d=$(dirname {p}) && mkdir -p "$d" && t="$d/.deploy-lock.$$" && printf "%s\\n" {j} > "$t" && '
+           'if ln "$t" {p} 2>/dev/null; then rm -f "$t"; echo ACQUIRED; else rm -f "$t"; echo HELD; cat {p}; fi')
+TAKE_OVER = ('d=$(dirname {p}) && t="$d/.deploy-lock.$$" && printf "%s\\n" {j} > "$t" && '
+             'if [ "$(cat {p} 2>/dev/null)" = {old} ]; then mv -f "$t" {p}; echo ACQUIRED; '
+             'else rm -f "$t"; echo HELD; cat {p}; fi')
+RELEASE = ('if [ "$(cat {p} 2>/dev/null)" = {j} ]; then rm -f {p}; echo RELEASED; '
+           'else echo KEPT; cat {p} 2>/dev/null; fi')
+READ = 'echo READ; cat {p} 2>/dev/null || true'
+
+
+def _holder_of(text: str) -> dict[str, Any] | None:
+    text = text.strip()
+    if not text:
+        return None
+    try:
+        data = json.loads(text)
+    except ValueError as exc:
+        return {"unreadable": f"not JSON ({exc}): {text[:120]!r}"}
+    return data if isinstance(data, dict) else {"unreadable": f"not a JSON object: {text[:120]!r}"}
+
+
+def parse_output(stdout: str) -> tuple[str, str, dict[str, Any] | None]:
+    """A primitive's output: its first word, the lock file's exact text after it, and the holder that text names.
+
+    A sudoable command over SSH runs on a pseudo-terminal (ssh -tt), which ends lines with CR LF; the lock file never
+    holds a CR (the holder is JSON), so dropping them gives back the file's exact text, which take-over compares.
+    """
+    first, _, rest = stdout.replace("\r", "").partition("\n")
+    return first.strip(), rest.rstrip("\n"), _holder_of(rest)
 
 
 class ActionModule(ActionBase):  # type: ignore[misc]  # ansible ships no type information
@@ -42,39 +80,51 @@ class ActionModule(ActionBase):  # type: ignore[misc]  # ansible ships no type i
         stale_after_s = int(args.get("stale_after_s", 7200))
         # Workers are forked from the ansible-playbook process: its pid names the run for every task.
         me = host_lock.holder(getpass.getuser(), socket.gethostname(), os.getppid(), str(args.get("playbook") or ""))
+        mine = json.dumps(me, sort_keys=True)
 
-        def call(**module_args: Any) -> dict[str, Any]:
-            out: dict[str, Any] = self._execute_module(module_name="dflash_host_lock", task_vars=task_vars,
-                                                       module_args={"path": path, "holder": me, **module_args})
-            return out
+        seen: dict[str, str] = {}  # the lock file's text as the last primitive printed it
+
+        def shell(template: str, **more: str) -> tuple[str, dict[str, Any] | None]:
+            """Run one primitive; its first output line and the holder it printed."""
+            command = template.format(p=shlex.quote(path), j=shlex.quote(mine), **more)
+            out = self._low_level_execute_command(command, sudoable=True)
+            if out.get("rc") != 0:
+                raise AnsibleActionFail(f"{host}: the deploy lock {path} could not be handled (rc {out.get('rc')}): "
+                                        f"{(out.get('stderr') or out.get('stdout') or '').strip()[:500]}")
+            first, seen["text"], holder = parse_output(str(out.get("stdout") or ""))
+            return first, holder
 
         if self._play_context.check_mode:
-            seen = call(state="read")
-            held = seen.get("held_by")
+            _, held = shell(READ)
             if held and not host_lock.same_run(held, me):
                 display.warning(f"{host}: {host_lock.describe(held)} holds the deploy lock ({path}); this --check "
                                 "run shows the host while that run may be changing it")
-            return {**result, **seen, "changed": False, "msg": f"{host}: --check takes no lock"}
+            return {**result, "changed": False, "held_by": held, "msg": f"{host}: --check takes no lock"}
         if state == "released":
-            return {**result, **call(state="released"), "changed": False}
-        got = call(state="acquired")
-        if got.get("failed") or got.get("acquired"):
-            return {**result, **got, "msg": got.get("msg") or f"{host}: deploy lock taken ({path})"}
-        held = got.get("held_by") or {}
+            word, held = shell(RELEASE)
+            if word != "RELEASED" and held and host_lock.same_run(held, me):  # this run, under another play name
+                word, held = shell(RELEASE.replace("{j}", "{held}"), held=shlex.quote(seen["text"]))
+            return {**result, "changed": False, "released": word == "RELEASED", "held_by": held}
+        word, held = shell(ACQUIRE)
+        if word == "ACQUIRED" or host_lock.same_run(held, me):
+            return {**result, "changed": False, "acquired": True, "held_by": None,
+                    "msg": f"{host}: deploy lock taken ({path})"}
+        held = held or {"unreadable": "empty"}
         why = ("its file cannot be read: " + str(held["unreadable"]) if "unreadable" in held else
                host_lock.staleness(held, me["controller"], dt.datetime.now(dt.UTC), stale_after_s))
         if not why:
-            return {**result, "failed": True, "held_by": held,
+            return {**result, "failed": True, "changed": False, "held_by": held,
                     "msg": f"{host}: another deploy holds this host: {host_lock.describe(held)}. One deploy runs "
                            f"at a time; wait for it to finish. If that run is dead and this controller cannot "
                            f"tell (it ran elsewhere), remove {path} on {host}, or it is taken over once it is "
                            f"{stale_after_s / 3600:g} h old."}
-        taken = call(state="acquired", take_over=held)
-        if not taken.get("acquired"):
-            return {**result, "failed": True, "held_by": taken.get("held_by"),
+        # Replaced only if the file still holds the dead run's lock exactly as it was read.
+        word, now_held = shell(TAKE_OVER, old=shlex.quote(seen["text"]))
+        if word != "ACQUIRED":
+            return {**result, "failed": True, "changed": False, "held_by": now_held,
                     "msg": f"{host}: the deploy lock changed hands while this run looked at it; now held by "
-                           f"{host_lock.describe(taken.get('held_by') or {})}"}
+                           f"{host_lock.describe(now_held or {})}"}
         message = (f"{host}: took over the deploy lock of a dead run ({why}): "
                    f"{host_lock.describe(held) if 'unreadable' not in held else path}")
         display.warning(message)
-        return {**result, **taken, "changed": False, "msg": message}
+        return {**result, "changed": False, "acquired": True, "took_over": held, "msg": message}

@@ -4,13 +4,14 @@ dead run is told from a live one (dflash_infra.host_lock). The two-deploys-at-on
 from __future__ import annotations
 
 import datetime as dt
+import importlib.util
 import json
 import os
 import socket
 from pathlib import Path
 
 from dflash_infra import host_lock
-from helpers import HOST_PYTHON, ansible_environment, run, run_module, tool
+from helpers import HOST_PYTHON, ROOT, ansible_environment, run, run_module, tool
 
 
 def me() -> dict:
@@ -93,3 +94,18 @@ def test_a_run_gives_back_only_its_own_lock(tmp_path: Path) -> None:
                 f"ansible_python_interpreter={HOST_PYTHON}", str(play)], env=ansible_environment())
     assert proc.returncode == 0, proc.stdout[-3000:]
     assert json.loads(path.read_text()) == me()  # another run's lock stays
+
+
+def test_the_lock_files_text_is_read_back_exactly_from_a_pseudo_terminal() -> None:
+    """Over SSH a sudoable command runs on a pty (CR LF line ends): take-over compares the file's exact text."""
+    spec = importlib.util.spec_from_file_location("lock_action", ROOT / "action_plugins" / "dflash_host_lock.py")
+    assert spec and spec.loader
+    plugin = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(plugin)
+    text = json.dumps(me(), sort_keys=True)
+    for stdout in (f"HELD\n{text}\n", f"HELD\r\n{text}\r\n"):
+        assert plugin.parse_output(stdout) == ("HELD", text, me()), stdout
+    assert plugin.parse_output("ACQUIRED\r\n") == ("ACQUIRED", "", None)
+    assert plugin.parse_output("HELD\r\n{half")[2] == {"unreadable": "not JSON (Expecting property name enclosed in "
+                                                                      "double quotes: line 1 column 2 (char 1)): "
+                                                                      "'{half'"}
