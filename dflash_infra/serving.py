@@ -7,6 +7,7 @@ tasks only render what comes back.
 
 from __future__ import annotations
 
+import hashlib
 import re
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -208,8 +209,12 @@ def base_url(serve: Mapping[str, Any]) -> str:
 
 def unit_argv(python: str, launcher: str, module: str, argv: Iterable[str]) -> list[list[str]]:
     """ExecStart as lines of words: interpreter + launcher + module, then one flag (with its values) per line."""
-    head = [python, launcher, module]
-    lines: list[list[str]] = [head]
+    return command_lines([python, launcher, module], argv)
+
+
+def command_lines(head: Iterable[str], argv: Iterable[str]) -> list[list[str]]:
+    """A command as lines of words: `head` on the first, then one flag (with its values) per line."""
+    lines: list[list[str]] = [[str(w) for w in head]]
     for word in argv:
         word = str(word)
         if word.startswith("--") or not lines[1:]:
@@ -234,7 +239,32 @@ def systemd_quote(word: str) -> str:
 
 def exec_start_lines(python: str, launcher: str, module: str, argv: Iterable[str]) -> list[str]:
     """The ExecStart value, one quoted line per flag (the template joins them with ` \\` continuations)."""
-    return [" ".join(systemd_quote(w) for w in words) for words in unit_argv(python, launcher, module, argv)]
+    return quoted_lines(unit_argv(python, launcher, module, argv))
+
+
+def quoted_lines(lines: Iterable[Iterable[str]]) -> list[str]:
+    """Lines of words quoted for systemd, one ExecStart line each."""
+    return [" ".join(systemd_quote(w) for w in words) for words in lines]
+
+
+def gateway_exec_start_lines(python: str, launcher: str, argv: Iterable[str]) -> list[str]:
+    """The gateway's ExecStart: the venv's Python runs the launcher with smg's arguments, one flag per line."""
+    return quoted_lines(command_lines([python, launcher], argv))
+
+
+GATEWAY_HELPERS = ("smg-launch", "smg-ctl")
+
+
+def gateway_paths(name: str, secrets_dir: str, libexec_dir: str) -> dict[str, str]:
+    """Every path of the gateway's service on the host: the unit, its credentials folder (the two key files,
+    root only) and its helpers (the launcher, the control-plane client)."""
+    if not re.fullmatch(r"[A-Za-z0-9@_.:-]+\.service", str(name)):
+        raise ServingError(f"gateway service name: expected a systemd unit name ending in .service, found {name!r}")
+    stem = str(name)[: -len(".service")]
+    credentials = f"{secrets_dir}/{stem}"
+    return {"unit": f"{UNIT_DIR}/{name}", "stem": stem, "credentials": credentials,
+            "api_key": f"{credentials}/api-key", "control_plane_key": f"{credentials}/control-plane-key",
+            "libexec_dir": libexec_dir, "launcher": f"{libexec_dir}/smg-launch", "ctl": f"{libexec_dir}/smg-ctl"}
 
 
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -329,3 +359,46 @@ __all__ = [
     "systemd_quote",
     "unit_argv",
 ]
+
+
+def key_file_sha256(key: str) -> str:
+    """sha256 of a key file as the gateway role writes it (the key and a newline); empty for no key."""
+    return hashlib.sha256(f"{key}\n".encode()).hexdigest() if key else ""
+
+
+def gateway_todo(state: Mapping[str, Any], paths: Mapping[str, str], unit: str, unit_sha256: str,
+                 api_key: str, control_key: str, helper_sha256: Mapping[str, str]) -> dict[str, Any]:
+    """What the gateway role must do, from host_state: the folders (root-owned; credentials 0700), the helpers
+    whose content differs, the key files (no api_key: the endpoint has none, a file left from before is removed;
+    no control_key: one is made on the host when none is there), the unit, enable, start; and whether the running
+    gateway must restart (its unit, launcher or a key changed). `any`: anything at all. The keys are compared by
+    the sha256 host_state read; they leave this function only as booleans."""
+    from dflash_infra import host_state
+
+    api_key_sha256, control_key_sha256 = key_file_sha256(api_key), key_file_sha256(control_key)
+
+    def matches(path: str, sha: str, mode: str) -> bool:
+        return host_state.file_matches(state, path, sha, mode, "root", "root")
+
+    props = (state.get("units") or {}).get(unit) or {}
+    api_key_file = host_state.path_entry(state, paths["api_key"])
+    control_file = host_state.path_entry(state, paths["control_plane_key"])
+    todo: dict[str, Any] = {
+        "dirs": [{"path": paths[key], "mode": mode} for key, mode in (("credentials", "0700"), ("libexec_dir", "0755"))
+                 if not host_state.dir_matches(state, paths[key], mode, "root", "root")],
+        "helpers": [name for name, sha in helper_sha256.items()
+                    if not matches(f"{paths['libexec_dir']}/{name}", sha, "0755")],
+        "api_key": bool(api_key_sha256) and not matches(paths["api_key"], api_key_sha256, "0600"),
+        "api_key_remove": not api_key_sha256 and bool(api_key_file.get("exists")),
+        "control_key": ("write" if control_key_sha256 and not matches(paths["control_plane_key"], control_key_sha256,
+                                                                       "0600")
+                        else "make" if not control_key_sha256 and not control_file.get("exists") else ""),
+        "unit": not matches(paths["unit"], unit_sha256, "0644"),
+        "enable": props.get("UnitFileState") != "enabled",
+        "start": props.get("ActiveState") != "active",
+    }
+    todo["restart"] = not todo["start"] and bool(
+        todo["unit"] or "smg-launch" in todo["helpers"] or todo["api_key"] or todo["api_key_remove"]
+        or todo["control_key"])
+    todo["any"] = any(bool(v) for v in todo.values())
+    return todo

@@ -1,4 +1,4 @@
-"""Ansible filters of the sglang_engine and sglang_service roles; thin adapters over dflash_infra.serving
+"""Ansible filters of the sglang_engine, sglang_service and smg_gateway roles; thin adapters over dflash_infra.serving
 and dflash_infra.parsers.engine_log, no logic of their own."""
 
 from __future__ import annotations
@@ -11,11 +11,13 @@ try:
     from dflash_infra import serving
     from dflash_infra.ansible_filters import as_filters
     from dflash_infra.parsers import engine_log
+    from dflash_infra.planning import gateway
 except ImportError:  # running from a checkout whose package is not installed in this Python
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from dflash_infra import serving
     from dflash_infra.ansible_filters import as_filters
     from dflash_infra.parsers import engine_log
+    from dflash_infra.planning import gateway
 
 
 def dflash_serving_record(plan: dict[str, Any], **kwargs: Any) -> dict[str, Any]:
@@ -42,4 +44,8 @@ class FilterModule:
             "dflash_serving_rolled_back": serving.rolled_back_record,
             "dflash_serving_engine_memory": engine_log.measure,
             "dflash_serving_comparison_line": serving.comparison_line,
+            "dflash_gateway_paths": serving.gateway_paths,
+            "dflash_gateway_exec_start": serving.gateway_exec_start_lines,
+            "dflash_gateway_todo": serving.gateway_todo,
+            "dflash_gateway_section": gateway.checked_section,
         })

@@ -4,11 +4,8 @@ every replica's engine argv through SGLang's. Nothing is mocked."""
 
 from __future__ import annotations
 
-import hashlib
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -23,9 +20,6 @@ pytestmark = pytest.mark.smg_parser
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLES = REPO / "examples"
-LOCK = REPO / "locks" / "smg-1.13.0-py3.11-x86_64-manylinux_2_34.txt"
-VENV = REPO / ".cache" / "smg-parser"
-WHEELS = Path(os.environ.get("LAB_STATE_DIR") or REPO / ".cache" / "lab") / "gateway-wheels"
 
 # Reads a JSON list of argvs on stdin; prints, per argv, smg's RouterArgs or the parser's error.
 PARSE = """
@@ -43,22 +37,6 @@ for argv in json.load(sys.stdin):
         out.append({"ok": False, "code": exc.code, "error": err.getvalue()})
 print(json.dumps({"results": out, "policies": COMMON_POLICY_CHOICES}, default=str))
 """
-
-
-@pytest.fixture(scope="module")
-def smg_python() -> Path:
-    """smg's own interpreter: a venv holding exactly the lab lock (the lab's Python, this machine's 3.11)."""
-    python, stamp = VENV / "bin" / "python", VENV / ".lock-sha256"
-    digest = hashlib.sha256(LOCK.read_bytes()).hexdigest()
-    if python.exists() and stamp.exists() and stamp.read_text() == digest:
-        return python
-    subprocess.run([sys.executable, str(REPO / "tools" / "make_locks.py"), "wheelhouse", "--dest", str(WHEELS),
-                    str(LOCK)], check=True, capture_output=True)
-    subprocess.run([sys.executable, "-m", "venv", "--clear", str(VENV)], check=True)
-    subprocess.run([str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check", "--require-hashes",
-                    "--no-deps", "--no-index", "--find-links", str(WHEELS), "-r", str(LOCK)], check=True)
-    stamp.write_text(digest)
-    return python
 
 
 def parse(python: Path, argvs: list[list[str]]) -> dict[str, Any]:

@@ -144,6 +144,4 @@ def render(request: Request, topology: Topology, chosen: Layout, context: int, k
                                         routed, args))
     notes.reasons["replicas"] = (f"{topology.dp} engine(s) of tp {topology.tp}, one per GPU group, each its own "
                                  f"process on {routed.settings['worker_host']} behind the gateway")
-    return Rendered(argv, section, replicas, {"host": routed.host, "port": routed.port,
-                                              "args": gateway.argv(routed, topology.dp),
-                                              "settings": dict(routed.settings)})
+    return Rendered(argv, section, replicas, gateway.section(routed, topology.dp))

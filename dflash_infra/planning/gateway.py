@@ -134,6 +134,27 @@ def argv(gateway: Gateway, replicas: int) -> list[str]:
     return out
 
 
+def section(gateway: Gateway, replicas: int) -> dict[str, Any]:
+    """The plan's `gateway` section: the endpoint, smg's argv, the workers it fronts and the checked settings."""
+    return {"host": gateway.host, "port": gateway.port, "args": argv(gateway, replicas),
+            "workers": [gateway.worker_url(i) for i in range(replicas)], "settings": dict(gateway.settings)}
+
+
+class GatewayError(ValueError):
+    """A gateway section that cannot be served (its messages joined)."""
+
+
+def checked_section(raw: Any, serve: Mapping[str, Any], replicas: int) -> dict[str, Any]:
+    """`section` for settings given outside a plan (a host whose replicas are already known); refuses mistakes."""
+    errors: list[str] = []
+    gateway = validate(raw if raw is not None else {}, serve, errors)
+    if gateway is not None:
+        errors += port_problems(gateway, replicas)
+    if gateway is None or errors:
+        raise GatewayError("; ".join(errors))
+    return section(gateway, replicas)
+
+
 def replica(index: int, gpu_ids: list[int], gateway: Gateway, args: list[str]) -> dict[str, Any]:
     """One replica: its GPUs (as the host numbers them), port, URL and engine argv."""
     return {"index": index, "gpu_ids": list(gpu_ids), "cuda_visible_devices": ",".join(str(g) for g in gpu_ids),

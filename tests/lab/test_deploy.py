@@ -16,6 +16,7 @@ import socket
 import subprocess
 import sys
 import threading
+import urllib.error
 import urllib.request
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -256,21 +257,60 @@ def test_stop_serving_hands_the_gpus_back_for_training_and_the_next_deploy_serve
     assert converged.rc == 0 and changed(converged) == 0, stdout(converged)[-3000:]
 
 
-def test_the_gateways_lab_lock_installs_with_hashes_required_and_the_real_smg_runs(
+GATEWAY_KEY, GATEWAY_PORT = "lab-gateway-key-not-a-secret-7d2f", 30100
+
+
+def test_the_gateway_installs_from_its_lock_fronts_the_engine_and_keeps_its_keys_out_of_sight(
         fresh_lab: LabHandle, tmp_path: Path) -> None:
-    """The gateway's venv through the engine's own locked_venv role: real smg wheels, hashes required."""
-    args = {**runner_args(tmp_path), "playbook": "tests/lab/playbooks/gateway_venv.yml", "limit": "ct200"}
+    """The real smg from its lab lock (hashes required) in front of the deployed engine: a client needs the key, the
+    control plane its own; neither key is in the unit, in `ps`, in the journal or in the play's output."""
+    args = {**runner_args(tmp_path), "playbook": "tests/lab/playbooks/gateway.yml", "limit": "ct200",
+            "extravars": {"dflash_service_api_key": GATEWAY_KEY, "gateway_test_port": GATEWAY_PORT}}
     first = ansible_runner.run(**args)
     out = stdout(first)
-    assert first.rc == 0 and changed(first) > 0, out[-5000:]
-    assert "smg: smg 1.13.0" in out and "+ smg 1.13.0 (missing)" not in out  # a fresh venv lists no lines
-    assert "/opt/smg/venv does not exist yet -> smg==1.13.0 (7 locked packages" in out, out[-3000:]
-    freeze = fresh_lab.ssh("ct200", "/opt/smg/venv/bin/python", "-m", "pip", "list", "--format=freeze").stdout
-    lock = locks.parse((ROOT / "locks" / "smg-1.13.0-py3.11-x86_64-manylinux_2_34.txt").read_text())
-    installed = dict(line.split("==") for line in freeze.split())
-    assert locks.compare(installed, lock) == {"missing": [], "changed": [], "extra": []}, freeze
-    again = ansible_runner.run(**{**runner_args(tmp_path), "playbook": args["playbook"], "limit": "ct200"})
-    assert again.rc == 0 and changed(again) == 0, stdout(again)[-3000:]
+    try:
+        assert first.rc == 0 and changed(first) > 0, out[-5000:]
+        assert "/opt/smg/venv does not exist yet -> smg==1.13.0 (7 locked packages" in out, out[-3000:]
+        assert "ct200: smg-gateway.service: /health 200; 1 worker(s) ready" in out, out[-3000:]
+        freeze = fresh_lab.ssh("ct200", "/opt/smg/venv/bin/python", "-m", "pip", "list", "--format=freeze").stdout
+        lock = locks.parse((ROOT / "locks" / "smg-1.13.0-py3.11-x86_64-manylinux_2_34.txt").read_text())
+        installed = dict(line.split("==") for line in freeze.split())
+        assert locks.compare(installed, lock) == {"missing": [], "changed": [], "extra": []}, freeze
+        again = ansible_runner.run(**{**args, "private_data_dir": runner_args(tmp_path)["private_data_dir"]})
+        assert again.rc == 0 and changed(again) == 0, stdout(again)[-3000:]
+
+        url = f"http://127.0.200.1:{GATEWAY_PORT}"
+        body = json.dumps({"model": "Qwen3.6-27B", "messages": [{"role": "user", "content": "hi"}],
+                           "max_tokens": 8}).encode()
+
+        def call(path: str, key: str = "", data: bytes | None = None) -> int:
+            request = urllib.request.Request(url + path, data=data, headers={"Content-Type": "application/json"})
+            if key:
+                request.add_header("Authorization", f"Bearer {key}")
+            try:
+                with urllib.request.urlopen(request, timeout=10) as response:
+                    return int(response.status)
+            except urllib.error.HTTPError as exc:
+                return int(exc.code)
+
+        assert call("/v1/chat/completions", GATEWAY_KEY, body) == 200
+        assert call("/v1/chat/completions", "", body) == 401
+        assert call("/generate", "", json.dumps({"text": "hi"}).encode()) == 401
+        assert call("/workers") == 401 and call("/workers", GATEWAY_KEY) == 401  # the control plane has its own key
+        control = fresh_lab.ssh("ct200", "cat", "/etc/dflash-infra/smg-gateway/control-plane-key").stdout.strip()
+        assert len(control) >= 40 and call("/workers", control) == 200
+        modes = fresh_lab.ssh("ct200", "stat -c '%a %U' /etc/dflash-infra/smg-gateway /etc/dflash-infra/smg-gateway/"
+                              "api-key /etc/dflash-infra/smg-gateway/control-plane-key").stdout.split("\n")
+        assert [m for m in modes if m] == ["700 root", "600 root", "600 root"], modes
+        seen = {"unit": fresh_lab.ssh("ct200", "systemctl", "cat", "smg-gateway.service").stdout,
+                "ps": fresh_lab.ssh("ct200", "ps", "-ww", "-eo", "user,args").stdout,
+                "journal": fresh_lab.ssh("ct200", "journalctl", "-u", "smg-gateway.service", "--no-pager").stdout,
+                "play": out + stdout(again)}
+        assert "smg::router" in seen["ps"] and "LoadCredential=control-plane-key:" in seen["unit"]
+        for where, text in seen.items():
+            assert GATEWAY_KEY not in text and control not in text, f"a key is in the {where}"
+    finally:
+        fresh_lab.ssh("ct200", "systemctl", "disable", "--now", "smg-gateway.service")
 
 
 def test_wrong_hardware_is_refused_before_any_change(fresh_lab: LabHandle, tmp_path: Path) -> None:

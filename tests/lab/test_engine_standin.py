@@ -541,3 +541,147 @@ def test_standin_and_real_parser_agree(venv_python: Path, planner_argv: list[str
             assert json.loads(json.dumps(o["namespace"])) == r["namespace"], argv_extra
         else:
             assert o["error"] == r["error"], argv_extra
+
+
+# ---------------------------------------------------------------------------------------------
+# Behind the real SGLang Model Gateway (smg 1.13.0 from its lab lock): the smg_gateway role's launcher and
+# control-plane client, run as the unit runs them, in front of two stand-ins
+# ---------------------------------------------------------------------------------------------
+
+GATEWAY_FILES = REPO / "roles" / "smg_gateway" / "files"
+DATA_KEY, CONTROL_KEY = "standin-data-key-not-a-secret-3b9a", "standin-control-key-not-a-secret-81c4"
+
+
+def call(url: str, key: str = "", body: dict[str, Any] | None = None, method: str | None = None) -> tuple[int, Any]:
+    request = urllib.request.Request(url, data=None if body is None else json.dumps(body).encode(), method=method,
+                                     headers={"content-type": "application/json"})
+    if key:
+        request.add_header("Authorization", f"Bearer {key}")
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            raw, status = response.read(), response.status
+    except urllib.error.HTTPError as e:
+        raw, status = e.read(), e.code
+    try:
+        return status, json.loads(raw)
+    except ValueError:
+        return status, raw.decode(errors="replace")
+
+
+def ctl(url: str, credentials: Path, *args: str) -> tuple[int, dict[str, Any]]:
+    proc = subprocess.run([sys.executable, str(GATEWAY_FILES / "smg-ctl"), "--url", url, "--credentials",
+                           str(credentials), *args], capture_output=True, text=True, check=False)
+    assert proc.stdout.strip(), proc.stderr
+    return proc.returncode, json.loads(proc.stdout)
+
+
+def consecutive_free_ports(count: int) -> int:
+    while True:
+        base = free_port()
+        if base + count <= 65535 and all(_free(base + i) for i in range(1, count)):
+            return base
+
+
+def _free(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
+
+
+@dataclass
+class Routed:
+    """Two stand-ins behind the real gateway started by smg-launch with its keys as credentials."""
+
+    url: str
+    workers: list[str]
+    credentials: Path
+    gateway: subprocess.Popen[bytes]
+    log: Path
+    engines: list[Proc]
+
+
+@pytest.fixture(scope="module")
+def routed(venv_python: Path, smg_python: Path, planner_argv: list[str], gpu_profile: Path,
+           tmp_path_factory: pytest.TempPathFactory) -> Iterator[Routed]:
+    from dflash_infra.planning import gateway
+
+    tmp = tmp_path_factory.mktemp("routed")
+    base = consecutive_free_ports(2)
+    engines = [start(venv_python, planner_argv, tmp, gpu_profile, port=base + i) for i in range(2)]
+    section = gateway.checked_section({"worker_base_port": base, "prometheus_port": free_port()},
+                                      {"host": "127.0.0.1", "port": free_port()}, 2)
+    credentials = tmp / "credentials"
+    credentials.mkdir(mode=0o700)
+    (credentials / "api-key").write_text(DATA_KEY + "\n")
+    assert ctl("http://unused", credentials, "init-key")[1]["changed"] is True
+    (credentials / "control-plane-key").write_text(CONTROL_KEY + "\n")  # known here, to test the control plane
+    log = tmp / "gateway.log"
+    env = {k: v for k, v in os.environ.items() if k != "CREDENTIALS_DIRECTORY"}
+    with log.open("wb") as fh:
+        popen = subprocess.Popen([str(smg_python), str(GATEWAY_FILES / "smg-launch"), *section["args"]], stdout=fh,
+                                 stderr=subprocess.STDOUT, env={**env, "CREDENTIALS_DIRECTORY": str(credentials)})
+    url = f"http://127.0.0.1:{section['port']}"
+    for engine in engines:
+        wait_ready(engine)
+    try:
+        while ctl(url, credentials, "ready", "--workers", *section["workers"])[0] != 0:
+            assert popen.poll() is None, log.read_text()[-3000:]
+            time.sleep(0.2)
+        yield Routed(url, section["workers"], credentials, popen, log, engines)
+    finally:
+        popen.terminate()
+        popen.wait(timeout=30)
+        for engine in engines:
+            stop(engine)
+
+
+@pytest.mark.smg_parser
+def test_the_gateway_serves_both_engines_with_the_key_and_refuses_without(routed: Routed) -> None:
+    rc, ready = ctl(routed.url, routed.credentials, "ready", "--workers", *routed.workers)
+    assert rc == 0 and ready["detail"] == "/health 200; 2 worker(s) ready", ready
+    chat = {"model": "Qwen3.6-27B", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8}
+    status, answer = call(routed.url + "/v1/chat/completions", DATA_KEY, chat)
+    assert status == 200 and answer["usage"]["completion_tokens"] == 8, answer
+    status, answer = call(routed.url + "/generate", DATA_KEY, {"text": "hi", "sampling_params": {"max_new_tokens": 4}})
+    assert status == 200 and answer["meta_info"]["completion_tokens"] == 4, answer
+    assert call(routed.url + "/v1/chat/completions", "", chat)[0] == 401
+    assert call(routed.url + "/workers", DATA_KEY)[0] == 401  # the endpoint's key is not the control plane's
+    assert call(routed.url + "/workers", CONTROL_KEY)[0] == 200
+
+
+@pytest.mark.smg_parser
+def test_a_worker_is_drained_out_and_added_back_through_the_control_plane(routed: Routed) -> None:
+    first = routed.workers[0]
+    rc, drained = ctl(routed.url, routed.credentials, "drain", "--worker", first)
+    assert rc == 0 and drained == {"state": "done", "changed": True, "detail": f"{first} drained and removed"}
+    rc, listed = ctl(routed.url, routed.credentials, "workers")
+    assert [w["url"] for w in listed["workers"]] == [routed.workers[1]]
+    rc, waiting = ctl(routed.url, routed.credentials, "ready", "--workers", *routed.workers)
+    assert rc == 1 and waiting["detail"] == f"not registered: {first}", waiting
+    assert ctl(routed.url, routed.credentials, "drain", "--worker", first)[1]["changed"] is False  # already out
+    rc, added = ctl(routed.url, routed.credentials, "add", "--worker", first)
+    assert rc == 0 and added["changed"] is True and added["detail"] == f"{first} is ready behind {routed.url}"
+    assert ctl(routed.url, routed.credentials, "add", "--worker", first)[1]["changed"] is False
+    assert ctl(routed.url, routed.credentials, "ready", "--workers", *routed.workers)[0] == 0
+
+
+@pytest.mark.smg_parser
+def test_the_keys_are_neither_on_the_command_line_nor_in_the_log(routed: Routed) -> None:
+    cmdline = Path(f"/proc/{routed.gateway.pid}/cmdline").read_bytes().decode(errors="replace")
+    assert "smg::router" in cmdline  # smg renames its process; the argv before that held no key either
+    for text in (cmdline, routed.log.read_text(errors="replace")):
+        assert DATA_KEY not in text and CONTROL_KEY not in text
+
+
+@pytest.mark.smg_parser
+def test_the_launcher_refuses_a_key_on_the_command_line_and_a_missing_control_plane_key(
+        smg_python: Path, tmp_path: Path) -> None:
+    launch = [str(smg_python), str(GATEWAY_FILES / "smg-launch"), "--host", "127.0.0.1", "--port", "1"]
+    env = {**os.environ, "CREDENTIALS_DIRECTORY": str(tmp_path)}
+    given = subprocess.run([*launch, "--api-key", "x"], capture_output=True, text=True, env=env, check=False)
+    assert given.returncode == 1 and "--api-key on the command line is refused (visible in ps)" in given.stderr
+    missing = subprocess.run(launch, capture_output=True, text=True, env=env, check=False)
+    assert missing.returncode == 1 and "no control-plane-key credential" in missing.stderr, missing.stderr

@@ -1,0 +1,106 @@
+"""The smg_gateway role's decisions (dflash_infra.serving.gateway_*): its paths, its ExecStart, what differs from a
+host as host_state reads it, and the gateway section given outside a plan (dflash_infra.planning.gateway)."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from typing import Any
+
+import pytest
+
+from dflash_infra import serving
+from dflash_infra.planning import gateway
+
+PATHS = serving.gateway_paths("smg-gateway.service", "/etc/dflash-infra", "/usr/local/lib/dflash-infra")
+UNIT = "a" * 64
+HELPERS = {"smg-launch": "b" * 64, "smg-ctl": "c" * 64}
+KEY = hashlib.sha256(b"k\n").hexdigest()  # of the key file holding "k"
+
+
+def entry(sha: str = "", kind: str = "file", mode: str = "0600") -> dict[str, Any]:
+    return {"exists": True, "kind": kind, "sha256": sha, "mode": mode, "owner": "root", "group": "root"}
+
+
+def converged() -> dict[str, Any]:
+    """host_state of a host where the gateway runs exactly as the role would leave it."""
+    return {"files": {PATHS["unit"]: entry(UNIT, mode="0644"),
+                      PATHS["credentials"]: {**entry(kind="dir", mode="0700"), "children": {
+                          "api-key": entry(KEY), "control-plane-key": entry(hashlib.sha256(b"c\n").hexdigest())}},
+                      PATHS["libexec_dir"]: {**entry(kind="dir", mode="0755"), "children": {
+                          name: entry(sha, mode="0755") for name, sha in HELPERS.items()}}},
+            "units": {"smg-gateway.service": {"UnitFileState": "enabled", "ActiveState": "active"}}}
+
+
+def todo(state: dict[str, Any], api_key: str = "k", control: str = "") -> dict[str, Any]:
+    return serving.gateway_todo(state, PATHS, "smg-gateway.service", UNIT, api_key, control, HELPERS)
+
+
+def test_the_gateways_paths_are_derived_from_its_unit_name() -> None:
+    assert PATHS == {"unit": "/etc/systemd/system/smg-gateway.service", "stem": "smg-gateway",
+                     "credentials": "/etc/dflash-infra/smg-gateway",
+                     "api_key": "/etc/dflash-infra/smg-gateway/api-key",
+                     "control_plane_key": "/etc/dflash-infra/smg-gateway/control-plane-key",
+                     "libexec_dir": "/usr/local/lib/dflash-infra",
+                     "launcher": "/usr/local/lib/dflash-infra/smg-launch", "ctl": "/usr/local/lib/dflash-infra/smg-ctl"}
+    with pytest.raises(serving.ServingError, match=re.escape("ending in .service")):
+        serving.gateway_paths("smg gateway", "/etc", "/usr")
+
+
+def test_the_exec_start_runs_the_launcher_with_one_flag_per_line_and_no_key() -> None:
+    lines = serving.gateway_exec_start_lines("/opt/smg/venv/bin/python", PATHS["launcher"],
+                                             ["--host", "0.0.0.0", "--worker-urls", "http://127.0.0.1:30001",
+                                              "http://127.0.0.1:30002", "--policy", "cache_aware"])
+    assert lines == ["/opt/smg/venv/bin/python /usr/local/lib/dflash-infra/smg-launch", "--host 0.0.0.0",
+                     "--worker-urls http://127.0.0.1:30001 http://127.0.0.1:30002", "--policy cache_aware"]
+
+
+def test_a_converged_gateway_needs_nothing() -> None:
+    assert todo(converged())["any"] is False
+
+
+@pytest.mark.parametrize(("change", "expected"), [
+    (lambda s: s["files"][PATHS["unit"]].update(sha256="e" * 64), {"unit": True, "restart": True}),
+    (lambda s: s["files"][PATHS["libexec_dir"]]["children"]["smg-launch"].update(sha256="e" * 64),
+     {"helpers": ["smg-launch"], "restart": True}),
+    (lambda s: s["files"][PATHS["libexec_dir"]]["children"]["smg-ctl"].update(mode="0777"),
+     {"helpers": ["smg-ctl"]}),  # the control-plane client is not part of the running gateway
+    (lambda s: s["files"][PATHS["credentials"]]["children"]["api-key"].update(sha256="e" * 64),
+     {"api_key": True, "restart": True}),
+    (lambda s: s["files"][PATHS["credentials"]]["children"].pop("control-plane-key"),
+     {"control_key": "make", "restart": True}),
+    (lambda s: s["files"][PATHS["credentials"]].update(mode="0755"),
+     {"dirs": [{"path": PATHS["credentials"], "mode": "0700"}]}),
+    (lambda s: s["units"]["smg-gateway.service"].update(ActiveState="failed"), {"start": True}),
+    (lambda s: s["units"]["smg-gateway.service"].update(UnitFileState="disabled"), {"enable": True}),
+])
+def test_one_drift_is_one_thing_to_do(change: Any, expected: dict[str, Any]) -> None:
+    state = converged()
+    change(state)
+    got = todo(state)
+    assert {k: v for k, v in got.items() if v and k != "any"} == expected and got["any"]
+
+
+def test_keys_given_or_taken_away() -> None:
+    # An endpoint whose key was removed (loopback only): the file goes, the gateway restarts without it.
+    assert {k for k, v in todo(converged(), api_key="").items() if v} == {"api_key_remove", "restart", "any"}
+    # A control-plane key from the vault that differs from the host's: written, restart.
+    assert todo(converged(), control="other")["control_key"] == "write"
+    assert todo(converged(), control="c")["control_key"] == ""  # the vault's key is the host's
+    # None from the vault and one on the host: the host's is kept.
+    assert todo(converged(), control="")["control_key"] == ""
+    # A first install starts (not restarts) the gateway and makes the key.
+    fresh = todo({"files": {}, "units": {}}, control="")
+    assert fresh["start"] and not fresh["restart"] and fresh["control_key"] == "make" and fresh["unit"]
+
+
+def test_a_gateway_section_given_outside_a_plan_is_checked_like_the_plans() -> None:
+    section = gateway.checked_section({"worker_host": "127.0.200.1", "worker_base_port": 30000},
+                                      {"host": "127.0.200.1", "port": 30100}, 1)
+    assert section["workers"] == ["http://127.0.200.1:30000"] and section["port"] == 30100
+    assert section["args"][:6] == ["--host", "127.0.200.1", "--port", "30100", "--worker-urls",
+                                   "http://127.0.200.1:30000"]
+    with pytest.raises(gateway.GatewayError, match=re.escape("replica 0's port 30000 is also the gateway's port")):
+        gateway.checked_section({"worker_base_port": 30000}, {"host": "0.0.0.0", "port": 30000}, 1)
+    with pytest.raises(gateway.GatewayError, match=re.escape("worker_host: 10.0.0.5 is not a loopback address")):
+        gateway.checked_section({"worker_host": "10.0.0.5"}, {"host": "0.0.0.0", "port": 30000}, 2)
