@@ -38,7 +38,7 @@ lock: ## re-pin constraints.txt from a fresh resolution of pyproject.toml
 	  .cache/lock-venv/bin/pip freeze --exclude-editable | grep -v '^dflash-infra'; } > constraints.txt
 
 sglang-env: setup ## cached venv with the real SGLang argument parsers (.cache/sglang-parser)
-	bash tools/sglang_parser_env.sh
+	nice -n 10 bash tools/sglang_parser_env.sh
 
 sglang-flags: sglang-env ## re-extract the SGLang flag tables from the real wheels
 	$(BIN)/python tools/extract_sglang_flags.py
@@ -58,7 +58,8 @@ test-unit: setup ## fast tests, first and failing fast: planner, parsers, module
 	$(BIN)/pytest -x -n 2 $(UNIT) --durations=10
 
 # The slow set-up (the SGLang parser venv, the lab's rootfs and machines: mostly downloads and disk) runs in the
-# background while the unit tier runs (both share the CPU); a failing unit tier stops it at once. Then the lab
+# background while the unit tier runs (the parser venv at a lower CPU priority; the lab's containers inherit
+# their builder's, so it keeps the normal one); a failing unit tier stops it at once. Then the lab
 # tier (one lab, its tests one at a time) runs in the foreground while lint and the tests that need no lab (the
 # real parsers, the engine stand-in and the real gateway on this machine's loopback) run beside it: the lab's
 # tests leave most of the second core idle.
