@@ -367,6 +367,37 @@ def test_generate_returns_speculative_metadata(served: Proc) -> None:
     assert again["text"] == out["text"] and again["meta_info"]["spec_verify_ct"] == meta["spec_verify_ct"]
 
 
+SPEC_DETAIL_KEYS = ["spec_accept_rate", "spec_accept_length", "spec_cap_length", "spec_block_accept_length",
+                    "spec_num_correct_drafts", "spec_num_proposed_drafts", "spec_verify_ct",
+                    "spec_correct_drafts_histogram", "spec_cap_lens_histogram"]  # SpecTokensDetails of 0.5.23
+
+
+def test_openai_routes_return_the_speculative_figures_where_0523_puts_them(served: Proc) -> None:
+    chat = {"model": "Qwen3.6-27B", "messages": [{"role": "user", "content": "Explain speculative decoding."}],
+            "max_tokens": 64, "temperature": 0}
+    plain = json.loads(http(served.url("/v1/chat/completions"), chat)[1])
+    assert "meta_info" not in plain["choices"][0] and "sglext" not in plain  # neither unless asked
+    asked = json.loads(http(served.url("/v1/chat/completions"),
+                            {**chat, "return_meta_info": True, "return_spec_tokens_details": True})[1])
+    meta, details = asked["choices"][0]["meta_info"], asked["sglext"]["spec_tokens_details"]
+    assert list(asked["choices"][0]) == ["index", "message", "logprobs", "finish_reason", "matched_stop", "meta_info"]
+    assert meta["completion_tokens"] == 64 and meta["spec_accept_length"] == pytest.approx(64 / meta["spec_verify_ct"])
+    assert list(details) == SPEC_DETAIL_KEYS
+    assert (details["spec_accept_length"], details["spec_verify_ct"]) == (meta["spec_accept_length"],
+                                                                          meta["spec_verify_ct"])
+    assert (details["spec_cap_length"], details["spec_cap_lens_histogram"]) == (0.0, [])  # not in meta: defaults
+    # /v1/completions has no meta_info on its choices in 0.5.23 (CompletionResponseChoice); sglext it has.
+    completion = json.loads(http(served.url("/v1/completions"),
+                                 {"model": "Qwen3.6-27B", "prompt": "Explain speculative decoding.", "max_tokens": 64,
+                                  "return_meta_info": True, "return_spec_tokens_details": True})[1])
+    assert "meta_info" not in completion["choices"][0]
+    assert completion["sglext"]["spec_tokens_details"]["spec_verify_ct"] > 0
+    status, raw = http(served.url("/v1/chat/completions"), {**chat, "return_meta_info": True, "stream": True})
+    assert (status, json.loads(raw)) == (400, {
+        "object": "error", "message": "return_meta_info is not supported with streaming. Please set stream=false "
+        "when using return_meta_info=true.", "type": "BadRequest", "param": None, "code": 400})
+
+
 def test_chat_completions_and_server_info(served: Proc) -> None:
     status, raw = http(served.url("/v1/chat/completions"),
                        {"model": "Qwen3.6-27B", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8})
@@ -650,6 +681,22 @@ def test_the_gateway_serves_both_engines_with_the_key_and_refuses_without(routed
     assert call(routed.url + "/v1/chat/completions", "", chat)[0] == 401
     assert call(routed.url + "/workers", DATA_KEY)[0] == 401  # the endpoint's key is not the control plane's
     assert call(routed.url + "/workers", CONTROL_KEY)[0] == 200
+
+
+@pytest.mark.smg_parser
+def test_the_gateway_passes_the_speculative_figures_through(routed: Routed) -> None:
+    """What a load gate reads behind the gateway: smg forwards return_meta_info and return_spec_tokens_details
+    and gives back choices[i].meta_info and sglext as the engine sent them."""
+    chat = {"model": "Qwen3.6-27B", "messages": [{"role": "user", "content": "Explain speculative decoding."}],
+            "max_tokens": 64, "temperature": 0, "return_meta_info": True, "return_spec_tokens_details": True}
+    status, through = call(routed.url + "/v1/chat/completions", DATA_KEY, chat)
+    assert status == 200, through
+    status, direct = call(routed.workers[0] + "/v1/chat/completions", "", chat)
+    assert status == 200, direct
+    assert list(through["sglext"]["spec_tokens_details"]) == SPEC_DETAIL_KEYS
+    for key in ("spec_accept_length", "spec_verify_ct", "spec_correct_drafts_histogram"):
+        assert through["choices"][0]["meta_info"][key] == direct["choices"][0]["meta_info"][key], key
+        assert through["sglext"]["spec_tokens_details"][key] == direct["sglext"]["spec_tokens_details"][key], key
 
 
 @pytest.mark.smg_parser

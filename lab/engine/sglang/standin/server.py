@@ -3,7 +3,9 @@
 Routes and JSON shapes follow sglang/srt/entrypoints/http_server.py and openai/protocol.py of 0.5.23:
 /health, /health_generate and /ready (503 while starting, 200 with an empty body once ready),
 /v1/models, /model_info, /server_info (and the deprecated /get_* spellings), /generate with the
-speculative `meta_info` fields of tokenizer_manager.py, /v1/chat/completions and /v1/completions.
+speculative `meta_info` fields of tokenizer_manager.py, /v1/chat/completions and /v1/completions (with
+`return_meta_info` the chat choice's `meta_info`, with `return_spec_tokens_details` the response's
+`sglext.spec_tokens_details`, as openai/serving_chat.py and serving_completions.py of 0.5.23 add them).
 Nothing is inferred: the text is a deterministic function of the prompt, and the speculative
 figures are a deterministic function of prompt and block size. Never use this in production.
 """
@@ -110,6 +112,21 @@ def generate_one(state: EngineState, prompt: str, sampling: dict[str, Any], star
         meta.update(spec_metrics(prompt, len(ids), state.num_draft_tokens))
     meta["e2e_latency"] = time.monotonic() - started
     return {"text": text, "output_ids": ids, "meta_info": meta}
+
+
+# SpecTokensDetails of 0.5.23's openai/protocol.py: every field with its default (utils.py fills them in).
+SPEC_TOKENS_DETAILS = (("spec_accept_rate", 0.0), ("spec_accept_length", 0.0), ("spec_cap_length", 0.0),
+                       ("spec_block_accept_length", 0.0), ("spec_num_correct_drafts", 0),
+                       ("spec_num_proposed_drafts", 0), ("spec_verify_ct", 0), ("spec_correct_drafts_histogram", []),
+                       ("spec_cap_lens_histogram", []))
+
+
+def spec_tokens_details(meta: dict[str, Any]) -> dict[str, Any] | None:
+    """`sglext.spec_tokens_details` from a result's meta_info as 0.5.23 builds it: None unless the meta_info has a
+    speculative figure, else every field (a missing or empty one at its default)."""
+    if not any(key in meta for key, _ in SPEC_TOKENS_DETAILS):
+        return None
+    return {key: meta.get(key) or default for key, default in SPEC_TOKENS_DETAILS}
 
 
 def _prompt_of_messages(messages: list[dict[str, Any]]) -> str:
@@ -236,6 +253,11 @@ class Handler(BaseHTTPRequestHandler):
             self._json(200, out)
 
     def _openai(self, body: dict[str, Any], prompt: str, started: float, chat: bool) -> None:
+        if chat and body.get("return_meta_info") and body.get("stream"):  # serving_chat.py, as a BadRequest
+            self._json(400, {"object": "error", "message": "return_meta_info is not supported with streaming. "
+                             "Please set stream=false when using return_meta_info=true.", "type": "BadRequest",
+                             "param": None, "code": 400})
+            return
         limit = body.get("max_completion_tokens") or body.get("max_tokens")
         result = generate_one(self.state, prompt, {"max_new_tokens": limit or 32}, started)
         meta = result["meta_info"]
@@ -248,14 +270,20 @@ class Handler(BaseHTTPRequestHandler):
             choice = {"index": 0, "message": {"role": "assistant", "content": result["text"].strip(),
                                               "reasoning_content": None, "tool_calls": None},
                       "logprobs": None, "finish_reason": finish, "matched_stop": matched}
+            if body.get("return_meta_info"):  # chat only: CompletionResponseChoice has no meta_info
+                choice["meta_info"] = meta
             obj = "chat.completion"
         else:
             choice = {"index": 0, "text": result["text"], "logprobs": None, "finish_reason": finish,
                       "matched_stop": matched}
             obj = "text_completion"
-        self._json(200, {"id": meta["id"], "object": obj, "created": int(time.time()),
-                         "model": body.get("model") or self.state.served_model_name,
-                         "choices": [choice], "usage": usage, "metadata": {"weight_version": "default"}})
+        response: dict[str, Any] = {"id": meta["id"], "object": obj, "created": int(time.time()),
+                                    "model": body.get("model") or self.state.served_model_name,
+                                    "choices": [choice], "usage": usage, "metadata": {"weight_version": "default"}}
+        details = spec_tokens_details(meta) if body.get("return_spec_tokens_details") else None
+        if details:
+            response["sglext"] = {"spec_tokens_details": details}
+        self._json(200, response)
 
 
 def make_server(host: str, port: int, state: EngineState) -> ThreadingHTTPServer:
