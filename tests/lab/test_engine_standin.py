@@ -398,6 +398,44 @@ def test_openai_routes_return_the_speculative_figures_where_0523_puts_them(serve
         "when using return_meta_info=true.", "type": "BadRequest", "param": None, "code": 400})
 
 
+# Reads JSON answers on stdin as {"kind": ..., "answer": ...}; prints each as SGLang 0.5.23's own response model
+# serializes it after validating it (what the real server would have sent for the same values).
+REAL_SHAPE = """
+import json, sys
+from sglang.srt.entrypoints.openai.protocol import ChatCompletionResponse, CompletionResponse
+models = {"chat": ChatCompletionResponse, "completion": CompletionResponse}
+print(json.dumps([models[item["kind"]].model_validate(item["answer"]).model_dump(mode="json")
+                  for item in json.load(sys.stdin)]))
+"""
+
+
+@pytest.mark.sglang_parser
+def test_openai_answers_are_shaped_as_the_real_0523_response_models_serialize_them(served: Proc) -> None:
+    sys.path.insert(0, str(REPO / "tests"))
+    try:
+        import sglang_real
+    finally:
+        sys.path.pop(0)
+    try:
+        python = sglang_real.launcher("0.5.23")
+    except sglang_real.ParserEnvMissing as e:
+        pytest.skip(str(e))
+    asks = {"return_meta_info": True, "return_spec_tokens_details": True, "max_tokens": 16}
+    answers = [
+        {"kind": "chat", "answer": json.loads(http(served.url("/v1/chat/completions"), {
+            "model": "Qwen3.6-27B", "messages": [{"role": "user", "content": "hi"}], **asks})[1])},
+        {"kind": "chat", "answer": json.loads(http(served.url("/v1/chat/completions"), {
+            "model": "Qwen3.6-27B", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 16})[1])},
+        {"kind": "completion", "answer": json.loads(http(served.url("/v1/completions"), {
+            "model": "Qwen3.6-27B", "prompt": "hi", **asks})[1])},
+    ]
+    proc = subprocess.run([str(python), "-c", REAL_SHAPE], input=json.dumps(answers), capture_output=True,
+                          text=True, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for item, real in zip(answers, json.loads(proc.stdout), strict=True):
+        assert item["answer"] == real, item["kind"]
+
+
 def test_chat_completions_and_server_info(served: Proc) -> None:
     status, raw = http(served.url("/v1/chat/completions"),
                        {"model": "Qwen3.6-27B", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8})

@@ -265,10 +265,11 @@ class Handler(BaseHTTPRequestHandler):
         matched = None if limit else self.state.eos_token_id
         usage = {"prompt_tokens": meta["prompt_tokens"],
                  "total_tokens": meta["prompt_tokens"] + meta["completion_tokens"],
-                 "completion_tokens": meta["completion_tokens"], "prompt_tokens_details": None, "reasoning_tokens": 0}
+                 "completion_tokens": meta["completion_tokens"], "prompt_tokens_details": None, "reasoning_tokens": 0,
+                 "completion_tokens_details": None}
         if chat:
             choice = {"index": 0, "message": {"role": "assistant", "content": result["text"].strip(),
-                                              "reasoning_content": None, "tool_calls": None},
+                                              "reasoning_content": None},  # ChatMessage drops tool_calls: None
                       "logprobs": None, "finish_reason": finish, "matched_stop": matched}
             if body.get("return_meta_info"):  # chat only: CompletionResponseChoice has no meta_info
                 choice["meta_info"] = meta
