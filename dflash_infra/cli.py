@@ -1,4 +1,4 @@
-"""`dflash-infra`: plan a deployment, or parse what a GPU host printed.
+"""`dflash-infra`: plan a deployment, parse what a GPU host printed, or set two deployments' load figures side by side.
 
 Exit codes: 0 success, 2 a plan with errors or input that could not be parsed (one line naming the
 problem on stderr). JSON goes to stdout.
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import yaml
 
-from dflash_infra import parsers
+from dflash_infra import loadgate, parsers
 from dflash_infra.planner import plan_dict, plan_table
 
 
@@ -68,6 +68,27 @@ def _cmd_parse(args: argparse.Namespace) -> int:
     return 0
 
 
+def _load_figures(path: str) -> list[dict[str, object]]:
+    """The load figures of a deployment record (its `load` list) or of a file holding that list."""
+    text, label = _read(path)
+    try:
+        data = json.loads(text)
+    except ValueError as exc:
+        raise parsers.ParseError(label, f"expected a deployment record or a list of load figures (JSON): {exc}") \
+            from exc
+    rows = data.get("load") if isinstance(data, dict) else data
+    if not isinstance(rows, list) or not all(isinstance(r, dict) and "concurrency" in r for r in rows):
+        raise parsers.ParseError(label, "expected a deployment record with `load` figures (one per concurrency), "
+                                        "or a list of them; found none")
+    return rows
+
+
+def _cmd_bench_compare(args: argparse.Namespace) -> int:
+    a, b = _load_figures(args.a), _load_figures(args.b)
+    print("\n".join(loadgate.compare(a, b, (Path(args.a).name, Path(args.b).name))))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="dflash-infra", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -82,6 +103,12 @@ def build_parser() -> argparse.ArgumentParser:
                               "(/proc/driver/nvidia/gpus/*/information) and prints a list")
     p_parse.add_argument("--fields", help="column names of header-less CSV input, comma separated")
     p_parse.set_defaults(func=_cmd_parse)
+    p_bench = sub.add_parser("bench", help="load figures of deployments")
+    bench = p_bench.add_subparsers(dest="bench_command", required=True)
+    p_compare = bench.add_parser("compare", help="two deployments' load figures side by side, per concurrency")
+    p_compare.add_argument("a", help="deployment record (deployment.json) or a JSON list of load figures")
+    p_compare.add_argument("b", help="the other one")
+    p_compare.set_defaults(func=_cmd_bench_compare)
     return parser
 
 

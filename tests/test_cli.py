@@ -121,3 +121,20 @@ def test_parse_one_file_kinds_refuse_several(tmp_path: Path) -> None:
 def test_parse_missing_file_exit_2() -> None:
     proc = cli("parse", "driver", "/nonexistent/version")
     assert proc.returncode == 2 and "/nonexistent/version" in proc.stderr
+
+
+def test_bench_compare_prints_two_deployments_side_by_side(tmp_path: Path) -> None:
+    row = {"concurrency": 4, "requests": 32, "failed": 0, "output_tokens_per_s": 300.0, "requests_per_s": 2.0,
+           "accept_length_mean": 4.5, "verify_ct": 400}
+    before, after = tmp_path / "before.json", tmp_path / "after.json"
+    before.write_text(json.dumps({"plan": {}, "load": [row]}))
+    after.write_text(json.dumps([{**row, "output_tokens_per_s": 330.0}]))
+    out = cli("bench", "compare", str(before), str(after))
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines()[0].split() == ["before.json", "after.json", "ratio"]
+    assert [line.split()[-3:] for line in out.stdout.splitlines() if "output tok/s" in line] == [
+        ["300.0", "330.0", "1.10"]]
+    empty = tmp_path / "record.json"
+    empty.write_text(json.dumps({"plan": {}}))
+    refused = cli("bench", "compare", str(empty), str(after))
+    assert refused.returncode == 2 and "expected a deployment record with `load` figures" in refused.stderr
