@@ -102,5 +102,5 @@ def test_a_gateway_section_given_outside_a_plan_is_checked_like_the_plans() -> N
                                    "http://127.0.200.1:30000"]
     with pytest.raises(gateway.GatewayError, match=re.escape("replica 0's port 30000 is also the gateway's port")):
         gateway.checked_section({"worker_base_port": 30000}, {"host": "0.0.0.0", "port": 30000}, 1)
-    with pytest.raises(gateway.GatewayError, match=re.escape("worker_host: 10.0.0.5 is not a loopback address")):
-        gateway.checked_section({"worker_host": "10.0.0.5"}, {"host": "0.0.0.0", "port": 30000}, 2)
+    with pytest.raises(gateway.GatewayError, match=re.escape("worker_host: 0.0.0.0 is not a loopback address")):
+        gateway.checked_section({"worker_host": "0.0.0.0"}, {"host": "0.0.0.0", "port": 30000}, 2)
