@@ -126,16 +126,18 @@ UNIT_DIR = "/etc/systemd/system"
 HELPERS = ("sglang-launch", "sglang-ready", "verify-unit")
 
 
-def service_paths(name: str, env_dir: str, state_dir: str, libexec_dir: str) -> dict[str, str]:
+def service_paths(name: str, env_dir: str, state_dir: str, libexec_dir: str) -> dict[str, Any]:
     """Every path of one engine service on the host, derived once: the unit, its secrets file, the record,
-    the unit snapshots and last-good pointer, and the helpers (launcher, readiness probe, unit validator)."""
+    the unit snapshots and last-good pointer, and the helpers (launcher, readiness probe, unit validator;
+    `helpers`: their names, as the role's files/ holds them)."""
     if not re.fullmatch(r"[A-Za-z0-9@_.:-]+\.service", str(name)):
         raise ServingError(f"service name: expected a systemd unit name ending in .service, found {name!r}")
     stem = str(name)[: -len(".service")]
     return {"unit": f"{UNIT_DIR}/{name}", "env_file": f"{env_dir}/{stem}.env", "env_dir": env_dir,
             "stem": stem, "state_dir": state_dir, "record": f"{state_dir}/deployment.json",
             "units_dir": f"{state_dir}/units", "last_good": f"{state_dir}/units/last-good",
-            "libexec_dir": libexec_dir, **{h.replace("-", "_"): f"{libexec_dir}/{h}" for h in HELPERS}}
+            "libexec_dir": libexec_dir, "helpers": list(HELPERS),
+            **{h.replace("-", "_"): f"{libexec_dir}/{h}" for h in HELPERS}}
 
 
 def _canonical(name: str) -> str:
@@ -255,16 +257,17 @@ def gateway_exec_start_lines(python: str, launcher: str, argv: Iterable[str]) ->
 GATEWAY_HELPERS = ("smg-launch", "smg-ctl")
 
 
-def gateway_paths(name: str, secrets_dir: str, libexec_dir: str) -> dict[str, str]:
+def gateway_paths(name: str, secrets_dir: str, libexec_dir: str) -> dict[str, Any]:
     """Every path of the gateway's service on the host: the unit, its credentials folder (the two key files,
-    root only) and its helpers (the launcher, the control-plane client)."""
+    root only) and its helpers (the launcher, the control-plane client; `helpers`: their names)."""
     if not re.fullmatch(r"[A-Za-z0-9@_.:-]+\.service", str(name)):
         raise ServingError(f"gateway service name: expected a systemd unit name ending in .service, found {name!r}")
     stem = str(name)[: -len(".service")]
     credentials = f"{secrets_dir}/{stem}"
     return {"unit": f"{UNIT_DIR}/{name}", "stem": stem, "credentials": credentials,
             "api_key": f"{credentials}/api-key", "control_plane_key": f"{credentials}/control-plane-key",
-            "libexec_dir": libexec_dir, "launcher": f"{libexec_dir}/smg-launch", "ctl": f"{libexec_dir}/smg-ctl"}
+            "libexec_dir": libexec_dir, "helpers": list(GATEWAY_HELPERS),
+            "launcher": f"{libexec_dir}/{GATEWAY_HELPERS[0]}", "ctl": f"{libexec_dir}/{GATEWAY_HELPERS[1]}"}
 
 
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -333,34 +336,6 @@ def comparison_line(row: Mapping[str, Any]) -> str:
     return f"{row['figure']}: planned {row['planned']:g}, engine {row['measured']:g} ({pct}){flag}"
 
 
-__all__ = [
-    "HELPERS",
-    "MIN_DRIVER_FOR_CUDA",
-    "SERVICE_DIRS",
-    "UNIT_DIR",
-    "ServingError",
-    "argv_flags",
-    "base_url",
-    "capability_problems",
-    "comparison_line",
-    "driver_problems",
-    "driver_ready_problems",
-    "engine_problems",
-    "engine_status",
-    "exec_start_lines",
-    "flags_from_help",
-    "missing_flags",
-    "probe_host",
-    "record",
-    "rolled_back_record",
-    "service_paths",
-    "service_todo",
-    "systemd_environment",
-    "systemd_quote",
-    "unit_argv",
-]
-
-
 def key_file_sha256(key: str) -> str:
     """sha256 of a key file as the gateway role writes it (the key and a newline); empty for no key."""
     return hashlib.sha256(f"{key}\n".encode()).hexdigest() if key else ""
@@ -402,3 +377,38 @@ def gateway_todo(state: Mapping[str, Any], paths: Mapping[str, str], unit: str, 
         or todo["control_key"])
     todo["any"] = any(bool(v) for v in todo.values())
     return todo
+
+
+__all__ = [
+    "GATEWAY_HELPERS",
+    "HELPERS",
+    "MIN_DRIVER_FOR_CUDA",
+    "SERVICE_DIRS",
+    "UNIT_DIR",
+    "ServingError",
+    "argv_flags",
+    "base_url",
+    "capability_problems",
+    "command_lines",
+    "comparison_line",
+    "driver_problems",
+    "driver_ready_problems",
+    "engine_problems",
+    "engine_status",
+    "exec_start_lines",
+    "flags_from_help",
+    "gateway_exec_start_lines",
+    "gateway_paths",
+    "gateway_todo",
+    "key_file_sha256",
+    "missing_flags",
+    "probe_host",
+    "quoted_lines",
+    "record",
+    "rolled_back_record",
+    "service_paths",
+    "service_todo",
+    "systemd_environment",
+    "systemd_quote",
+    "unit_argv",
+]

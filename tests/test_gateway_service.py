@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -41,10 +42,22 @@ def test_the_gateways_paths_are_derived_from_its_unit_name() -> None:
                      "credentials": "/etc/dflash-infra/smg-gateway",
                      "api_key": "/etc/dflash-infra/smg-gateway/api-key",
                      "control_plane_key": "/etc/dflash-infra/smg-gateway/control-plane-key",
-                     "libexec_dir": "/usr/local/lib/dflash-infra",
+                     "libexec_dir": "/usr/local/lib/dflash-infra", "helpers": ["smg-launch", "smg-ctl"],
                      "launcher": "/usr/local/lib/dflash-infra/smg-launch", "ctl": "/usr/local/lib/dflash-infra/smg-ctl"}
     with pytest.raises(serving.ServingError, match=re.escape("ending in .service")):
         serving.gateway_paths("smg gateway", "/etc", "/usr")
+
+
+@pytest.mark.parametrize(("role", "paths"), [
+    ("smg_gateway", PATHS),
+    ("sglang_service", serving.service_paths("sglang-qwen.service", "/etc/dflash-infra", "/var/lib/dflash-infra",
+                                             "/usr/local/lib/dflash-infra"))])
+def test_the_helpers_the_paths_name_are_exactly_the_roles_files(role: str, paths: dict[str, Any]) -> None:
+    # The roles install and compare the helpers their paths name (one home for the list: dflash_infra.serving).
+    files = Path(__file__).resolve().parents[1] / "roles" / role / "files"
+    assert sorted(paths["helpers"]) == sorted(p.name for p in files.iterdir())
+    assert all(paths[name.replace("-", "_")] == f"{paths['libexec_dir']}/{name}" for name in paths["helpers"]
+               if name.replace("-", "_") in paths)
 
 
 def test_the_exec_start_runs_the_launcher_with_one_flag_per_line_and_no_key() -> None:
