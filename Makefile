@@ -17,7 +17,7 @@ PYTEST_ARGS ?= --durations=25
 # The unit tier: no lab, no SGLang parser venv, no engine stand-in wheel; it runs first and stops at a failure.
 UNIT := -m "not lab and not sglang_parser and not smg_parser and not standin"
 
-.PHONY: help setup lock locks wheelhouse lab-standin sglang-env sglang-flags lint syntax test test-unit plan bench-plan bench-sync bench-deploy device-check lab-wheels lab-up lab-down lab-status demo clean
+.PHONY: help setup lock locks wheelhouse lab-standin sglang-env sglang-flags lint syntax test test-unit plan bench-plan bench-sync bench-deploy device-check lab-wheels lab-up lab-1-up lab-down lab-status demo clean
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-13s %s\n", $$1, $$2}'
@@ -57,25 +57,33 @@ syntax: setup
 test-unit: setup ## fast tests, first and failing fast: planner, parsers, modules, filters, wiring (no lab, no SGLang env)
 	$(BIN)/pytest -x -n 2 $(UNIT) --durations=10
 
-# The slow set-up (the SGLang parser venv, the lab's rootfs and machines: mostly downloads and disk) runs in the
+# The slow set-up (the SGLang parser venv, the labs' rootfs and machines: mostly downloads and disk) runs in the
 # background while the unit tier runs (the parser venv at a lower CPU priority; the lab's containers inherit
-# their builder's, so it keeps the normal one); a failing unit tier stops it at once. Then the lab
-# tier (one lab, its tests one at a time) runs in the foreground while lint and the tests that need no lab (the
-# real parsers, the engine stand-in and the real gateway on this machine's loopback) run beside it: the lab's
-# tests leave most of the second core idle.
+# their builder's, so it keeps the normal one); a failing unit tier stops it at once. Then the lab tier runs in
+# two streams on two labs of this machine (lab 0 and lab 1, LAB_INSTANCE; each its own loopback addresses and
+# state folder, one base rootfs): lab 1 takes the demo, the molecule scenarios, the pct path and the Proxmox
+# journeys, lab 0 the deploy tests and the lab builder's own.
+# Beside them run lint and the tests that need no lab (the real parsers, the engine stand-in and the real gateway
+# on this machine's loopback). A lab test waits mostly on its containers: one stream left a core idle.
 BUILD_LOG := .cache/test-build.log
 BESIDE_LOG := .cache/test-beside-lab.log
 LAB_TIER := -m lab
+LAB_1_LOG := .cache/test-lab-1.log
+LAB_1_TESTS := tests/lab/test_demo.py tests/lab/test_molecule.py tests/lab/test_pct_path.py tests/lab/test_proxmox_lab.py
+LAB_1_ENV := LAB_INSTANCE=1 LAB_STATE_DIR=$(abspath .cache/lab-1)
 BESIDE_TIER := -m "(sglang_parser or smg_parser or standin) and not lab"
 
 test: setup ## everything CI runs: the unit tier first (with the slow set-up behind it), lint, real-parser and lab tests
 	@mkdir -p .cache
-	@setsid $(MAKE) --no-print-directory --output-sync=target -j2 sglang-env lab-up > $(BUILD_LOG) 2>&1 & build=$$!; \
+	@setsid $(MAKE) --no-print-directory --output-sync=target -j2 sglang-env lab-1-up > $(BUILD_LOG) 2>&1 & build=$$!; \
 	  if ! $(MAKE) --no-print-directory test-unit; then kill -- -$$build 2>/dev/null; wait || true; exit 1; fi; \
 	  rc=0; wait $$build || rc=$$?; cat $(BUILD_LOG); exit $$rc
 	@{ $(MAKE) --no-print-directory lint && $(BIN)/pytest -p no:cacheprovider $(BESIDE_TIER) $(PYTEST_ARGS); } \
 	  > $(BESIDE_LOG) 2>&1 & beside=$$!; \
-	  rc=0; $(BIN)/pytest $(LAB_TIER) $(PYTEST_ARGS) || rc=$$?; \
+	  $(LAB_1_ENV) $(BIN)/pytest -p no:cacheprovider --basetemp=.cache/pytest-lab-1 $(LAB_TIER) $(LAB_1_TESTS) \
+	    $(PYTEST_ARGS) > $(LAB_1_LOG) 2>&1 & lab1=$$!; \
+	  rc=0; $(BIN)/pytest $(LAB_TIER) $(addprefix --ignore=,$(LAB_1_TESTS)) $(PYTEST_ARGS) || rc=$$?; \
+	  wait $$lab1 || rc=$$?; echo "== the lab tests on lab 1 ($(LAB_1_LOG))"; cat $(LAB_1_LOG); \
 	  wait $$beside || rc=$$?; echo "== lint and the tests beside the lab ($(BESIDE_LOG))"; cat $(BESIDE_LOG); exit $$rc
 
 plan: setup ## print the plans of the example requests (examples/*.yml)
@@ -112,8 +120,12 @@ wheelhouse: setup ## download the locked wheels of INVENTORY's containers (or of
 lab-up: setup lab-wheels ## boot the lab containers (ct200, ct129) on loopback addresses
 	$(BIN)/python lab/labctl.py up
 
-lab-down: ## stop and remove the lab containers (keeps the cached rootfs)
+lab-1-up: lab-up ## a second lab beside the first (lab 1: 127.1.x.1, .cache/lab-1), for make test's second stream
+	$(LAB_1_ENV) $(BIN)/python lab/labctl.py up
+
+lab-down: ## stop and remove the lab containers, lab 1's too (keeps the cached rootfs)
 	$(PYTHON) lab/labctl.py down
+	test ! -d .cache/lab-1 || $(LAB_1_ENV) $(PYTHON) lab/labctl.py down
 
 lab-status: ## state of the lab containers
 	$(PYTHON) lab/labctl.py status

@@ -24,7 +24,7 @@ def ansible_env() -> dict[str, str]:
 # The real SGLang Model Gateway for the smg_parser tests: its lab lock, in a cached venv of this machine's Python.
 SMG_LOCK = ROOT / "locks" / "smg-1.13.0-py3.11-x86_64-manylinux_2_34.txt"
 SMG_VENV = ROOT / ".cache" / "smg-parser"
-SMG_WHEELS = Path(os.environ.get("LAB_STATE_DIR") or ROOT / ".cache" / "lab") / "gateway-wheels"
+SMG_WHEELS = Path(os.environ.get("LAB_WHEELS_DIR") or ROOT / ".cache" / "lab") / "gateway-wheels"
 
 
 @pytest.fixture(scope="session")

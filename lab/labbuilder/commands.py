@@ -54,7 +54,7 @@ class Lab:
 
     @property
     def paths(self) -> Paths:
-        return Paths(self.settings.state)
+        return Paths(self.settings.state, self.settings.rootfs)
 
     def lock(self) -> TextIO:
         """Serialise lab commands that change state (a second `lab up` waits for the first)."""
@@ -76,6 +76,7 @@ class Lab:
         _lock = self.lock()
         containers = self.select(names)
         ensure_host_tools(self.clock)
+        self.paths.logs.mkdir(parents=True, exist_ok=True)
         changed = build_base(self.paths, self.settings, self.clock)
         ensure_lab_key(self.paths, self.clock)
         ensure_paramiko_home(self.paths)
@@ -192,7 +193,8 @@ class Lab:
         if purge:
             self.paths.lock.unlink(missing_ok=True)
             remove_tree(self.paths.state)
-            self.clock.say(f"purged {self.paths.state} (base rootfs, lab key, logs)")
+            shared = "" if self.paths.base.is_relative_to(self.paths.state) else f"; the shared {self.paths.base} stays"
+            self.clock.say(f"purged {self.paths.state} (base rootfs, lab key, logs{shared})")
         else:
             self.clock.say(f"kept cached base rootfs {self.paths.base} (`lab down --purge` removes it)")
         self.clock.say(f"lab down: done in {self.clock.elapsed():.1f} s")

@@ -39,11 +39,29 @@ class Container:
         return self.role == "node"
 
 
-CONTAINERS: tuple[Container, ...] = (
-    Container(name="ct200", group="pro6000", address="127.0.200.1", vmid=200),
-    Container(name="ct129", group="eval", address="127.0.129.1", vmid=129),
-    Container(name="pve1", group="proxmox_nodes", address="127.0.10.1", role="node"),
-)
+def lab_instance() -> int:
+    """Which lab of this machine (LAB_INSTANCE, 0 when unset): lab N lives on 127.N.0.0/16 in its own state folder,
+    so two labs run side by side (make test runs its lab tests in two streams)."""
+    raw = os.environ.get("LAB_INSTANCE") or "0"
+    if not raw.isdigit() or int(raw) > 9:
+        raise ValueError(f"LAB_INSTANCE must be a number 0-9 (the second byte of the lab's loopback addresses), "
+                         f"found {raw!r}")
+    return int(raw)
+
+
+INSTANCE = lab_instance()
+
+
+def machine_table(instance: int) -> tuple[Container, ...]:
+    """The lab's machines: the production names and groups on lab `instance`'s own loopback addresses."""
+    return (
+        Container(name="ct200", group="pro6000", address=f"127.{instance}.200.1", vmid=200),
+        Container(name="ct129", group="eval", address=f"127.{instance}.129.1", vmid=129),
+        Container(name="pve1", group="proxmox_nodes", address=f"127.{instance}.10.1", role="node"),
+    )
+
+
+CONTAINERS: tuple[Container, ...] = machine_table(INSTANCE)
 
 # Where the node stand-in finds its pieces (paths inside pve1).
 NODE_PVE_SRC = "/usr/local/lib/dflash-lab/pve"        # lab/pve, bind-mounted read-only
@@ -69,14 +87,19 @@ class Settings:
     mirror: str
     boot_timeout: float
     stop_timeout: float
+    rootfs: Path | None = None  # the cached base rootfs's folder; None: <state>/rootfs
 
     @classmethod
     def from_env(cls) -> Settings:
-        state = Path(os.environ.get("LAB_STATE_DIR") or REPO / ".cache" / "lab")
+        default = REPO / ".cache" / ("lab" if INSTANCE == 0 else f"lab-{INSTANCE}")
+        state = Path(os.environ.get("LAB_STATE_DIR") or default)
         if not state.is_absolute():
             state = REPO / state
+        # Another lab of this machine clones the first lab's base rootfs (one debootstrap for all).
+        rootfs = os.environ.get("LAB_ROOTFS_DIR") or (str(REPO / ".cache" / "lab" / "rootfs") if INSTANCE else None)
         return cls(
             state=state,
+            rootfs=Path(rootfs).resolve() if rootfs else None,
             mirror=os.environ.get("LAB_DEBIAN_MIRROR", DEFAULT_MIRROR),
             boot_timeout=float(os.environ.get("LAB_BOOT_TIMEOUT", "180")),
             stop_timeout=float(os.environ.get("LAB_STOP_TIMEOUT", "30")),
@@ -88,18 +111,27 @@ class Paths:
     """Every file and folder the lab owns, all under one state folder."""
 
     state: Path
+    rootfs: Path | None = None  # where the base rootfs is cached; None: <state>/rootfs
+
+    @property
+    def rootfs_dir(self) -> Path:
+        return self.rootfs or self.state / "rootfs"
 
     @property
     def base(self) -> Path:
-        return self.state / "rootfs" / "base"
+        return self.rootfs_dir / "base"
 
     @property
     def base_tmp(self) -> Path:
-        return self.state / "rootfs" / "base.tmp"
+        return self.rootfs_dir / "base.tmp"
 
     @property
     def base_stamp(self) -> Path:
-        return self.state / "rootfs" / "base.stamp"
+        return self.rootfs_dir / "base.stamp"
+
+    @property
+    def base_lock(self) -> Path:
+        return self.rootfs_dir / "base.lock"
 
     @property
     def machines(self) -> Path:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import fcntl
 import json
 import subprocess
 import time
@@ -30,7 +31,16 @@ def base_stamp_matches(paths: Paths) -> bool:
 
 
 def build_base(paths: Paths, settings: Settings, clock: Clock) -> bool:
-    """Build the Debian rootfs once with debootstrap; the stamp is written only when it is complete."""
+    """Build the Debian rootfs once with debootstrap; the stamp is written only when it is complete.
+
+    Labs of this machine share it: the build holds base.lock, so a second lab waits for the first's build."""
+    paths.rootfs_dir.mkdir(parents=True, exist_ok=True)
+    with paths.base_lock.open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return _build_base(paths, settings, clock)
+
+
+def _build_base(paths: Paths, settings: Settings, clock: Clock) -> bool:
     if base_stamp_matches(paths):
         return False
     paths.logs.mkdir(parents=True, exist_ok=True)

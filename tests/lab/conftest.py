@@ -63,7 +63,7 @@ class LabHandle:
         """A proxmoxer client of node pve1 on the API stand-in, with its token and checked against the lab CA."""
         token = self.pve_token()
         user, token_id = token["full-tokenid"].split("!")
-        return ProxmoxAPI("127.0.10.1", port=8006, user=user, token_name=token_id, token_value=token["value"],
+        return ProxmoxAPI(self.addresses["pve1"], port=8006, user=user, token_name=token_id, token_value=token["value"],
                           verify_ssl=str(self.paths.state / "pve" / "tls" / "ca.crt")).nodes("pve1")
 
     def changeable_state(self, name: str = "ct200") -> str:

@@ -76,13 +76,14 @@ def test_deploy_on_a_fresh_lab_passes_every_gate(fresh_lab: LabHandle, tmp_path:
     runner = deploy(tmp_path)
     out = stdout(runner)
     assert runner.rc == 0, out[-5000:]
-    assert "serving: http://127.0.200.1:30000/v1 (Qwen3.6-27B)" in out
+    ct200 = fresh_lab.addresses["ct200"]
+    assert f"serving: http://{ct200}:30000/v1 (Qwen3.6-27B)" in out
     record = json.loads(fresh_lab.ssh("ct200", "cat", "/var/lib/dflash-infra/deployment.json").stdout)
     assert record["engine"]["version"] == "0.5.23+lab" and record["plan"]["tp_size"] == 2
     unit = fresh_lab.ssh("ct200", "systemctl", "show", "sglang-qwen", "-p", "ExecStart").stdout
     for flag in record["args"]:
         assert flag in unit
-    with urllib.request.urlopen("http://127.0.200.1:30000/v1/models", timeout=10) as response:
+    with urllib.request.urlopen(f"http://{ct200}:30000/v1/models", timeout=10) as response:
         models = json.load(response)
     assert [m["id"] for m in models["data"]] == ["Qwen3.6-27B"]
     assert "train.py" not in fresh_lab.ssh("ct200", "pgrep", "-af", "train.py").stdout
@@ -279,7 +280,7 @@ def test_the_gateway_installs_from_its_lock_fronts_the_engine_and_keeps_its_keys
         again = ansible_runner.run(**{**args, "private_data_dir": runner_args(tmp_path)["private_data_dir"]})
         assert again.rc == 0 and changed(again) == 0, stdout(again)[-3000:]
 
-        url = f"http://127.0.200.1:{GATEWAY_PORT}"
+        url = f"http://{fresh_lab.addresses['ct200']}:{GATEWAY_PORT}"
         body = json.dumps({"model": "Qwen3.6-27B", "messages": [{"role": "user", "content": "hi"}],
                            "max_tokens": 8}).encode()
 
@@ -329,7 +330,7 @@ def test_an_unmanaged_server_on_the_engine_port_is_refused(fresh_lab: LabHandle,
     # The duplicate-server mistake: something else listens where the engine must.
     fresh_lab.ssh("ct200", "systemctl", "stop", "sglang-qwen.service")
     server = fresh_lab.ssh("ct200", "systemd-run", "--unit=stray-server", "python3", "-m", "http.server",
-                           "30000", "--bind", "127.0.200.1")
+                           "30000", "--bind", fresh_lab.addresses["ct200"])
     assert server.returncode == 0, server.stderr
     try:
         runner = deploy(tmp_path, "--tags", "plan")

@@ -1,0 +1,74 @@
+"""Two labs on one machine (LAB_INSTANCE): lab N's machines on 127.N.x.1, its own state folder, the first lab's base
+rootfs, and the lab inventory pointing at the same addresses (make test runs its lab tests on lab 0 and lab 1)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from tests.helpers import BIN, ROOT, ansible_environment
+
+LAB = ROOT / "lab"
+
+
+def lab_config(instance: str | None, **env: str) -> dict[str, object]:
+    """The machine table and settings lab/labbuilder/config.py derives in a fresh process for LAB_INSTANCE."""
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("LAB_")}
+    environ.update(env)
+    if instance is not None:
+        environ["LAB_INSTANCE"] = instance
+    code = ("import json, labctl; s = labctl.Settings.from_env(); p = labctl.Paths(s.state, s.rootfs); "
+            "print(json.dumps({'machines': {c.name: c.address for c in labctl.CONTAINERS}, 'state': str(s.state), "
+            "'base': str(p.base), 'key': str(p.key)}))")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=LAB, env=environ, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)
+
+
+def test_lab_zero_is_the_lab_as_it_always_was() -> None:
+    assert lab_config(None) == {
+        "machines": {"ct200": "127.0.200.1", "ct129": "127.0.129.1", "pve1": "127.0.10.1"},
+        "state": str(ROOT / ".cache" / "lab"), "base": str(ROOT / ".cache" / "lab" / "rootfs" / "base"),
+        "key": str(ROOT / ".cache" / "lab" / "ssh" / "id_ed25519")}
+
+
+def test_lab_one_has_its_own_addresses_and_state_and_clones_the_first_labs_base() -> None:
+    assert lab_config("1") == {
+        "machines": {"ct200": "127.1.200.1", "ct129": "127.1.129.1", "pve1": "127.1.10.1"},
+        "state": str(ROOT / ".cache" / "lab-1"), "base": str(ROOT / ".cache" / "lab" / "rootfs" / "base"),
+        "key": str(ROOT / ".cache" / "lab-1" / "ssh" / "id_ed25519")}
+    moved = lab_config("1", LAB_STATE_DIR="/srv/lab-b", LAB_ROOTFS_DIR="/srv/rootfs")
+    assert (moved["state"], moved["base"]) == ("/srv/lab-b", "/srv/rootfs/base")
+
+
+@pytest.mark.parametrize("raw", ["x", "10", "-1"])
+def test_a_lab_instance_that_is_not_a_digit_is_refused(raw: str) -> None:
+    environ = dict(os.environ, LAB_INSTANCE=raw)
+    proc = subprocess.run([sys.executable, "-c", "import labctl"], cwd=LAB, env=environ, capture_output=True,
+                          text=True)
+    assert proc.returncode != 0
+    assert f"LAB_INSTANCE must be a number 0-9 (the second byte of the lab's loopback addresses), found {raw!r}" \
+        in proc.stderr
+
+
+@pytest.mark.parametrize("instance", ["0", "1"])
+def test_the_lab_inventory_reaches_the_machines_of_its_lab(instance: str) -> None:
+    env = {k: v for k, v in ansible_environment().items() if not k.startswith("LAB_")}
+    env.update(LAB_INSTANCE=instance, ANSIBLE_CALLBACK_RESULT_FORMAT="json")
+    proc = subprocess.run(
+        [str(BIN / "ansible"), "-i", "inventory/lab", "all", "-c", "local", "-m", "ansible.builtin.debug",
+         "-a", "msg={{ [ansible_host, lab_state_dir | realpath, ansible_ssh_private_key_file | realpath] }}"],
+        cwd=ROOT, env=env, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    machines = lab_config(instance)["machines"]
+    state = lab_config(instance)["state"]
+    for name, address in machines.items():  # type: ignore[union-attr]
+        start = proc.stdout.index(f"{name} | SUCCESS => ") + len(f"{name} | SUCCESS => ")
+        shown = json.loads(proc.stdout[start:proc.stdout.index("\n}", start) + 2])
+        assert shown["msg"] == [address, state, f"{state}/ssh/id_ed25519"], proc.stdout
