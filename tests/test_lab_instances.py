@@ -72,3 +72,28 @@ def test_the_lab_inventory_reaches_the_machines_of_its_lab(instance: str) -> Non
         start = proc.stdout.index(f"{name} | SUCCESS => ") + len(f"{name} | SUCCESS => ")
         shown = json.loads(proc.stdout[start:proc.stdout.index("\n}", start) + 2])
         assert shown["msg"] == [address, state, f"{state}/ssh/id_ed25519"], proc.stdout
+
+
+@pytest.mark.parametrize("hybrid", [True, False])
+def test_each_machine_gets_a_cgroup_of_its_own_in_the_hierarchies_systemd_uses(tmp_path: Path, hybrid: bool) -> None:
+    sys.path.insert(0, str(LAB))
+    from labbuilder.host import join_cgroups, machine_cgroups
+
+    unified, named = tmp_path / "unified", tmp_path / "systemd"
+    # The mount lines of this machine's /proc/self/mountinfo (hybrid: cgroup2 beside v1 with name=systemd), and a
+    # pure cgroup2 host's.
+    mounts = (f"46 37 0:41 / {named} rw,relatime shared:21 - cgroup cgroup rw,name=systemd\n"
+              f"47 37 0:42 / {unified} rw,relatime shared:22 - cgroup2 cgroup2 rw\n"
+              f"38 37 0:33 / {tmp_path / 'memory'} rw,relatime shared:13 - cgroup cgroup rw,memory\n"
+              if hybrid else f"30 24 0:26 / {unified} rw,nosuid,nodev,noexec,relatime shared:4 - cgroup2 cgroup2 rw\n")
+    cgroup = ("9:name=systemd:/ci\n4:memory:/process_api/c9b5\n0::/ci\n" if hybrid else "0::/ci\n")
+    (tmp_path / "mountinfo").write_text(f"22 1 0:21 / /proc rw - proc proc rw\n{mounts}")
+    (tmp_path / "cgroup").write_text(cgroup)
+    folders = machine_cgroups("ct200-abc", str(tmp_path / "cgroup"), str(tmp_path / "mountinfo"))
+    expected = ([named / "ci" / "dflash-lab" / "ct200-abc"] if hybrid else []) + [unified / "ci/dflash-lab/ct200-abc"]
+    assert folders == expected and all(f.is_dir() for f in folders)
+    argv = join_cgroups(folders, ["systemd-nspawn", "-D", "/x y"])
+    assert argv[:2] == ["/bin/sh", "-c"] and argv[3:] == ["sh", "systemd-nspawn", "-D", "/x y"]
+    # The shell joins every cgroup and then execs the command as the same process.
+    out = subprocess.run([*argv[:4], "sh", "-c", "echo $$"], capture_output=True, text=True, check=True).stdout
+    assert [f"{out.strip()}\n"] * len(folders) == [(f / "cgroup.procs").read_text() for f in folders]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
 import socket
 import subprocess
@@ -141,3 +142,48 @@ def check_address(c: Container) -> None:
             raise LabError(f"Something already listens on {c.address}:22 before {c.name} boots (a host "
                            "sshd bound to 0.0.0.0?). The lab's sshd must own that address; bind the "
                            "host sshd to specific addresses and retry.")
+
+
+def machine_cgroups(key: str, self_cgroup: str = "/proc/self/cgroup",
+                    mountinfo: str = "/proc/self/mountinfo") -> list[Path]:
+    """A cgroup of its own for one machine, `<this process's cgroup>/dflash-lab/<key>`, in the unified hierarchy
+    and in systemd's named v1 one (hybrid hosts), created when missing.
+
+    With --register=no and --keep-unit, systemd-nspawn splits the cgroup it starts in into `supervisor` and
+    `payload`, and the container's systemd runs its units under `payload`. Started side by side from one cgroup,
+    every machine would share the same `payload/system.slice/<unit>` cgroups: stopping a unit in one container
+    would kill or move the same unit's processes in another (two containers both running sglang-qwen.service).
+    The nspawn process is started in these cgroups (`join_cgroups`)."""
+    mounts: dict[str, tuple[str, str]] = {}  # "unified" / "name=systemd" -> (mount root, mount point)
+    with open(mountinfo, encoding="utf-8") as fh:
+        for line in fh:
+            fields, _, rest = line.partition(" - ")
+            parts, extra = fields.split(), rest.split()
+            if len(parts) < 5 or len(extra) < 3:
+                continue
+            if extra[0] == "cgroup2":
+                mounts.setdefault("unified", (parts[3], parts[4]))
+            elif extra[0] == "cgroup" and "name=systemd" in extra[2].split(","):
+                mounts.setdefault("name=systemd", (parts[3], parts[4]))
+    out: list[Path] = []
+    with open(self_cgroup, encoding="utf-8") as fh:
+        for line in fh:
+            cells = line.rstrip("\n").split(":", 2)
+            if len(cells) != 3:
+                continue
+            _, hierarchy, path = cells
+            kind = "unified" if hierarchy == "" else hierarchy if hierarchy == "name=systemd" else ""
+            if kind not in mounts:
+                continue
+            root, point = mounts[kind]
+            relative = path[len(root):] if root != "/" and path.startswith(root) else path
+            folder = Path(point + relative.rstrip("/")) / "dflash-lab" / key
+            folder.mkdir(parents=True, exist_ok=True)
+            out.append(folder)
+    return out
+
+
+def join_cgroups(folders: Sequence[Path], argv: Sequence[str]) -> list[str]:
+    """`argv` run in the cgroups `folders`: a shell moves itself into each, then execs argv (the same pid)."""
+    procs = " ".join(shlex.quote(str(folder / "cgroup.procs")) for folder in folders)
+    return ["/bin/sh", "-c", f'for g in {procs}; do echo $$ > "$g" || exit 125; done; exec "$@"', "sh", *argv]

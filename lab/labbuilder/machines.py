@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import hashlib
 import json
 import os
 import signal
@@ -21,7 +22,18 @@ from .config import (
     Paths,
     Settings,
 )
-from .host import Clock, check_address, mounts_under, remove_tree, run, tail, unmount_all_under, write_file
+from .host import (
+    Clock,
+    check_address,
+    join_cgroups,
+    machine_cgroups,
+    mounts_under,
+    remove_tree,
+    run,
+    tail,
+    unmount_all_under,
+    write_file,
+)
 from .procs import cmdline, container_leader, is_alive, nspawn_pids_for, orphan_leaders, wait_gone_all
 from .pve import node_binds, prepare_node_rootfs
 from .ssh import ssh_answers
@@ -190,11 +202,14 @@ def start_nspawn(paths: Paths, c: Container, clock: Clock) -> int:
         # No --private-network: the container shares the host network and owns its loopback address.
         *node_binds(paths, c),
     ]
+    # Each machine in its own cgroup (named after its folder: unique across labs), never one shared `payload`.
+    cgroups = machine_cgroups(f"{c.name}-{hashlib.sha256(str(paths.machine(c.name)).encode()).hexdigest()[:12]}")
     with paths.console_log(c.name).open("a") as log:
-        log.write(f"\n=== {dt.datetime.now().isoformat(timespec='seconds')} {' '.join(argv)}\n")
+        log.write(f"\n=== {dt.datetime.now().isoformat(timespec='seconds')} {' '.join(argv)} "
+                  f"(cgroups {', '.join(map(str, cgroups))})\n")
         log.flush()
-        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                start_new_session=True, cwd="/")
+        proc = subprocess.Popen(join_cgroups(cgroups, argv), stdin=subprocess.DEVNULL, stdout=log,
+                                stderr=subprocess.STDOUT, start_new_session=True, cwd="/")
     paths.pidfile(c.name).write_text(f"{proc.pid}\n")
     clock.say(f"{c.name}: booting (systemd-nspawn pid {proc.pid}, console log {paths.console_log(c.name)})")
     return proc.pid

@@ -104,6 +104,23 @@ def test_containers_have_their_own_identity(lab: LabHandle) -> None:
         assert shm.stdout.strip() == "tmpfs", f"{guest.name}: {shm.stdout}{shm.stderr}"
 
 
+def test_each_container_runs_its_units_in_cgroups_of_its_own(lab: LabHandle) -> None:
+    # Shared cgroups would let one container's `systemctl stop sglang-qwen.service` kill another's engine (every
+    # container of every lab of this machine runs units of the same names).
+    seen: dict[str, str] = {}
+    for c in lab.mod.CONTAINERS:
+        leader = lab.mod.container_leader(lab.mod.running_pid(lab.paths, c))
+        assert leader is not None, c.name
+        unified = next(line.split(":", 2)[2] for line in Path(f"/proc/{leader}/cgroup").read_text().splitlines()
+                       if line.startswith("0::"))
+        assert unified.endswith("/payload/init.scope") and "/dflash-lab/" in unified, (c.name, unified)
+        seen[c.name] = unified
+        # Inside, the container sees its own root: the unit names host_state reads are the container's own.
+        inside = lab.ssh(c.name, "cat", "/proc/self/cgroup").stdout
+        assert "0::/system.slice/ssh.service" in inside.splitlines(), (c.name, inside)
+    assert len(set(seen.values())) == len(seen), seen
+
+
 def test_host_keys_are_checked_against_the_lab_known_hosts(lab: LabHandle, tmp_path: Path) -> None:
     container = lab.mod.CONTAINERS[0]
     argv = lab.mod.ssh_argv(lab.paths, container, "true")
