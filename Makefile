@@ -57,28 +57,28 @@ syntax: setup
 test-unit: setup ## fast tests, first and failing fast: planner, parsers, modules, filters, wiring (no lab, no SGLang env)
 	$(BIN)/pytest -x -n 2 $(UNIT) --durations=10
 
-# The slow set-up (the SGLang parser venv, the labs' rootfs and machines: mostly downloads and disk) runs in the
-# background while the unit tier runs (the parser venv at a lower CPU priority; the lab's containers inherit
-# their builder's, so it keeps the normal one); a failing unit tier stops it at once. Then the lab tier runs in
-# two streams on two labs of this machine (lab 0 and lab 1, LAB_INSTANCE; each its own loopback addresses and
-# state folder, one base rootfs): lab 1 takes the demo, the molecule scenarios, the pct path and the Proxmox
-# journeys, lab 0 the deploy tests and the lab builder's own.
-# Beside them run lint and the tests that need no lab (the real parsers, the engine stand-in and the real gateway
-# on this machine's loopback). A lab test waits mostly on its containers: one stream left a core idle.
+# The labs (rootfs and machines: mostly disk) are built in the background while the unit tier runs; a failing
+# unit tier stops the build at once. Then the lab tier runs in two streams on two labs of this machine (lab 0 and
+# lab 1, LAB_INSTANCE; each its own loopback addresses and state folder, one base rootfs): lab 1 takes the demo,
+# the molecule scenarios and the Proxmox journeys, lab 0 the deploy tests, the pct path and the lab builder's own.
+# Beside them run lint, then the SGLang parser venv's build (mostly downloads, at a lower CPU priority: no lab
+# test needs it), then the tests that need no lab (the real parsers, the engine stand-in and the real gateway on
+# this machine's loopback). A lab test waits mostly on its containers: one stream left a core idle.
 BUILD_LOG := .cache/test-build.log
 BESIDE_LOG := .cache/test-beside-lab.log
 LAB_TIER := -m lab
 LAB_1_LOG := .cache/test-lab-1.log
-LAB_1_TESTS := tests/lab/test_demo.py tests/lab/test_molecule.py tests/lab/test_pct_path.py tests/lab/test_proxmox_lab.py
+LAB_1_TESTS := tests/lab/test_demo.py tests/lab/test_molecule.py tests/lab/test_proxmox_lab.py
 LAB_1_ENV := LAB_INSTANCE=1 LAB_STATE_DIR=$(abspath .cache/lab-1)
 BESIDE_TIER := -m "(sglang_parser or smg_parser or standin) and not lab"
 
 test: setup ## everything CI runs: the unit tier first (with the slow set-up behind it), lint, real-parser and lab tests
 	@mkdir -p .cache
-	@setsid $(MAKE) --no-print-directory --output-sync=target -j2 sglang-env lab-1-up > $(BUILD_LOG) 2>&1 & build=$$!; \
+	@setsid $(MAKE) --no-print-directory lab-1-up > $(BUILD_LOG) 2>&1 & build=$$!; \
 	  if ! $(MAKE) --no-print-directory test-unit; then kill -- -$$build 2>/dev/null; wait || true; exit 1; fi; \
 	  rc=0; wait $$build || rc=$$?; cat $(BUILD_LOG); exit $$rc
-	@{ $(MAKE) --no-print-directory lint && $(BIN)/pytest -p no:cacheprovider $(BESIDE_TIER) $(PYTEST_ARGS); } \
+	@{ $(MAKE) --no-print-directory lint && $(MAKE) --no-print-directory sglang-env \
+	    && $(BIN)/pytest -p no:cacheprovider $(BESIDE_TIER) $(PYTEST_ARGS); } \
 	  > $(BESIDE_LOG) 2>&1 & beside=$$!; \
 	  $(LAB_1_ENV) $(BIN)/pytest -p no:cacheprovider --basetemp=.cache/pytest-lab-1 $(LAB_TIER) $(LAB_1_TESTS) \
 	    $(PYTEST_ARGS) > $(LAB_1_LOG) 2>&1 & lab1=$$!; \
