@@ -373,7 +373,7 @@ def gateway_todo(state: Mapping[str, Any], paths: Mapping[str, str], unit: str, 
         "start": props.get("ActiveState") != "active",
     }
     todo["restart"] = not todo["start"] and bool(
-        todo["unit"] or "smg-launch" in todo["helpers"] or todo["api_key"] or todo["api_key_remove"]
+        todo["unit"] or GATEWAY_HELPERS[0] in todo["helpers"] or todo["api_key"] or todo["api_key_remove"]
         or todo["control_key"])
     todo["any"] = any(bool(v) for v in todo.values())
     return todo

@@ -66,9 +66,9 @@ def test_the_lab_inventory_reaches_the_machines_of_its_lab(instance: str) -> Non
          "-a", "msg={{ [ansible_host, lab_state_dir | realpath, ansible_ssh_private_key_file | realpath] }}"],
         cwd=ROOT, env=env, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    machines = lab_config(instance)["machines"]
-    state = lab_config(instance)["state"]
-    for name, address in machines.items():  # type: ignore[union-attr]
+    config = lab_config(instance)
+    state = config["state"]
+    for name, address in config["machines"].items():  # type: ignore[attr-defined]
         start = proc.stdout.index(f"{name} | SUCCESS => ") + len(f"{name} | SUCCESS => ")
         shown = json.loads(proc.stdout[start:proc.stdout.index("\n}", start) + 2])
         assert shown["msg"] == [address, state, f"{state}/ssh/id_ed25519"], proc.stdout

@@ -33,7 +33,8 @@ def base_stamp_matches(paths: Paths) -> bool:
 def build_base(paths: Paths, settings: Settings, clock: Clock) -> bool:
     """Build the Debian rootfs once with debootstrap; the stamp is written only when it is complete.
 
-    Labs of this machine share it: the build holds base.lock, so a second lab waits for the first's build."""
+    Labs of this machine share it: the build holds base.lock, so a second lab waits for the first's build.
+    The lab's logs folder exists already (`lab up` makes it)."""
     paths.rootfs_dir.mkdir(parents=True, exist_ok=True)
     with paths.base_lock.open("w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
@@ -43,7 +44,6 @@ def build_base(paths: Paths, settings: Settings, clock: Clock) -> bool:
 def _build_base(paths: Paths, settings: Settings, clock: Clock) -> bool:
     if base_stamp_matches(paths):
         return False
-    paths.logs.mkdir(parents=True, exist_ok=True)
     for stale in (paths.base_tmp, paths.base):
         remove_tree(stale)
     paths.base_stamp.unlink(missing_ok=True)
