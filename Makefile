@@ -17,7 +17,7 @@ PYTEST_ARGS ?= --durations=25
 # The unit tier: no lab, no SGLang parser venv, no engine stand-in wheel; it runs first and stops at a failure.
 UNIT := -m "not lab and not sglang_parser and not smg_parser and not standin"
 
-.PHONY: help setup lock locks wheelhouse lab-standin sglang-env sglang-flags lint syntax test test-unit plan bench-plan bench-sync bench-deploy device-check lab-wheels lab-up lab-1-up lab-down lab-status demo clean
+.PHONY: help setup lock locks wheelhouse lab-standin sglang-env sglang-flags lint syntax test test-unit plan bench-plan bench-sync bench-deploy bench-serve device-check lab-wheels lab-up lab-1-up lab-down lab-status demo clean
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-13s %s\n", $$1, $$2}'
@@ -68,7 +68,7 @@ BUILD_LOG := .cache/test-build.log
 BESIDE_LOG := .cache/test-beside-lab.log
 LAB_TIER := -m lab
 LAB_1_LOG := .cache/test-lab-1.log
-LAB_1_TESTS := tests/lab/test_demo.py tests/lab/test_molecule.py tests/lab/test_proxmox_lab.py
+LAB_1_TESTS := tests/lab/test_demo.py tests/lab/test_molecule.py tests/lab/test_proxmox_lab.py tests/lab/test_gateway_lab.py
 LAB_1_ENV := LAB_INSTANCE=1 LAB_STATE_DIR=$(abspath .cache/lab-1)
 BESIDE_TIER := -m "(sglang_parser or smg_parser or standin) and not lab"
 
@@ -94,6 +94,9 @@ bench-plan: setup ## how long planning one host takes (in process, CLI, Ansible 
 
 bench-deploy: lab-up ## deploy on a fresh lab vs no-op re-run vs a bare fact-gathering play, and --check
 	$(BIN)/python tools/bench_deploy.py
+
+bench-serve: lab-up ## through the gateway vs straight to one replica (Locust), and failed requests of a rolling redeploy
+	$(BIN)/python tools/bench_serve.py
 
 device-check: ## on a GPU host: raw captures, read-only probe/preflight/plan, memory overheads (tests/device/run.sh)
 	tests/device/run.sh $(OUT_DIR)

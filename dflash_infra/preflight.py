@@ -104,25 +104,50 @@ def overlaps(listen: str, local: str) -> bool:
     return listen in WILDCARDS or theirs in WILDCARDS or theirs == listen or theirs.strip("[]") == listen.strip("[]")
 
 
-def holder_problems(host: str, port: int, holders: Sequence[Mapping[str, Any]], unit: str,
+def holder_problems(host: str, port: int, holders: Sequence[Mapping[str, Any]], unit: str | Sequence[str],
                     listen: str = "") -> list[str]:
-    """The port's listeners (dflash_host_state: pid, process, unit, local) that would take it from the engine
-    listening on `listen` must all belong to our engine's unit."""
-    strangers = [h for h in holders if h.get("unit") != unit and overlaps(listen, str(h.get("local") or ""))]
+    """The port's listeners (dflash_host_state: pid, process, unit, local) that would take it from the service
+    listening on `listen` must all belong to the unit(s) this deploy runs there."""
+    units = [unit] if isinstance(unit, str) else list(unit)
+    strangers = [h for h in holders if h.get("unit") not in units and overlaps(listen, str(h.get("local") or ""))]
     if not strangers:
         return []
     who = ", ".join(f"{h.get('process') or 'a process of another PID namespace'} (pid {h.get('pid') or '?'}"
                     + (f", unit {h['unit']}" if h.get("unit") else "") + f", on {h.get('local')})" for h in strangers)
-    return [f"{host}: port {port} is held by {who}, which is not the engine service this deploy manages "
-            f"({unit}). Stop that server (or choose another dflash_service_port) and re-run."]
+    ours = (f"the engine service this deploy manages ({units[0]})" if len(units) == 1
+            else f"a service this deploy runs there ({', '.join(units)})")
+    return [f"{host}: port {port} is held by {who}, which is not {ours}. Stop that server (or choose another "
+            "dflash_service_port) and re-run."]
 
 
-def serving_problems(host: str, state: Mapping[str, Any], tp: int, port: int, unit: str, listen: str = "") -> list[str]:
-    """Host checks that need the plan: /dev/shm for the TP group's NCCL buffers and the engine port."""
+def _holders(state: Mapping[str, Any], port: int) -> list[Mapping[str, Any]]:
+    return list((state.get("ports") or {}).get(str(port)) or [])
+
+
+def serving_problems(host: str, state: Mapping[str, Any], tp: int, port: int, unit: str, listen: str = "",
+                     replicas: Sequence[Mapping[str, Any]] = (), gateway_unit: str = "",
+                     gateway_ports: Sequence[int] = ()) -> list[str]:
+    """Host checks that need the plan: /dev/shm for the TP group's NCCL buffers and the ports. Without a gateway
+    the endpoint's port is the engine unit's; behind one it is the gateway's (or the single-process unit's, which
+    the deploy migrates), each replica's port its own unit's (`name`, `host`, `port`), and the gateway's other
+    ports (metrics) the gateway's."""
     shm = (state.get("system") or {}).get("shm") or {}
     shm_bytes = shm.get("size_bytes") if shm.get("mounted") else None
-    holders = (state.get("ports") or {}).get(str(port)) or []
-    return shm_problems(host, int(tp), shm_bytes) + holder_problems(host, int(port), holders, unit, listen)
+    problems = shm_problems(host, int(tp), shm_bytes)
+    if not replicas:
+        if gateway_unit and any(h.get("unit") == gateway_unit for h in _holders(state, port)):
+            return [*problems, f"{host}: port {port} is held by {gateway_unit}: this host serves through the SGLang "
+                    "Model Gateway, and this plan is one engine process on that port. Serve through the gateway "
+                    "again (dflash_serve_through_gateway: true for its group), or stop serving first "
+                    f"(ansible-playbook playbooks/stop_serving.yml -l {host}) and re-run."]
+        return problems + holder_problems(host, int(port), _holders(state, port), unit, listen)
+    problems += holder_problems(host, int(port), _holders(state, port), [gateway_unit, unit], listen)
+    for r in replicas:
+        problems += holder_problems(host, int(r["port"]), _holders(state, int(r["port"])), str(r["name"]),
+                                    str(r["host"]))
+    for extra in gateway_ports:
+        problems += holder_problems(host, int(extra), _holders(state, int(extra)), gateway_unit, "")
+    return problems
 
 
 def endpoint_problems(host: str, listen: str, port: int, api_key_set: bool, allow_anonymous: bool) -> list[str]:

@@ -22,7 +22,8 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from dflash_infra import host_state, serving
+from dflash_infra import serving
+from dflash_infra.planning import gateway
 
 MAX_REPLICAS = 8  # one per GPU at most: host_state lists this many slots up front
 _STEM = re.compile(r"^[A-Za-z0-9@_.:-]+$")
@@ -60,22 +61,29 @@ def _props(state: Mapping[str, Any], unit: str) -> Mapping[str, Any]:
     return (state.get("units") or {}).get(unit) or {}
 
 
-def _present(state: Mapping[str, Any], unit: str, unit_path: str) -> bool:
-    """The unit is there in any way a deploy must deal with: its file, running, or enabled at boot."""
+def _present(state: Mapping[str, Any], unit: str) -> bool:
+    """The unit runs or starts at boot: what a deploy must stop and disable (a stopped, disabled unit file is the
+    backup that playbooks/rollback.yml can go back to, and is left alone)."""
     props = _props(state, unit)
-    return (bool(host_state.path_entry(state, unit_path).get("exists"))
-            or props.get("ActiveState") in ("active", "activating", "reloading", "deactivating")
+    return (props.get("ActiveState") in ("active", "activating", "reloading", "deactivating")
             or props.get("UnitFileState") == "enabled")
 
 
+def present_units(state: Mapping[str, Any], names: Sequence[str]) -> list[str]:
+    """The named units that run or start at boot, in the given order (what playbooks/stop_serving.yml stops)."""
+    return [str(n) for n in names if _present(state, str(n))]
+
+
 def rollout(state: Mapping[str, Any], wanted: Sequence[Mapping[str, Any]], legacy: Sequence[Mapping[str, str]],
-            all_slots: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+            all_slots: Sequence[Mapping[str, Any]], slot_urls: Sequence[str] = ()) -> dict[str, Any]:
     """What a gateway deploy does to the engine units of one host, in order (see the module's docstring).
 
-    wanted: per planned replica, in index order: `index`, `name` (its unit), `unit` (the unit file's path) and
-    `unit_sha256` / `env_sha256` (of the unit and environment file the plan renders; env path `env_file`).
+    wanted: per planned replica, in index order: `index`, `name` (its unit) and `url` (where the gateway reaches
+    it). Whether a running replica's unit changed is the sglang_service role's comparison, made as its turn comes:
+    a replica that changed is drained, restarted, gated and added back; one that did not is only checked.
     legacy: units of the single-process topology, each `name` and `unit` (its file's path).
-    all_slots: every replica slot (`slots`): those beyond `wanted` are retired when present.
+    all_slots: every replica slot (`slots`): those beyond `wanted` are retired when they run or start at boot.
+    slot_urls: where the gateway reaches each slot (`state_inputs`' urls), to take a retired one out of it.
     """
     indexes = [int(w["index"]) for w in wanted]
     if indexes != list(range(len(wanted))):
@@ -84,35 +92,30 @@ def rollout(state: Mapping[str, Any], wanted: Sequence[Mapping[str, Any]], legac
         raise RolloutError("replicas: a gateway plan has at least one replica, found none")
     migrate = [{"name": u["name"], "unit": u["unit"], "active": _props(state, u["name"]).get("ActiveState") == "active",
                 "enabled": _props(state, u["name"]).get("UnitFileState") == "enabled"}
-               for u in legacy if _present(state, u["name"], u["unit"])]
+               for u in legacy if _present(state, u["name"])]
     replicas = []
     for w in wanted:
-        props = _props(state, str(w["name"]))
-        running = props.get("ActiveState") == "active"
-        changed = not (host_state.file_matches(state, str(w["unit"]), str(w["unit_sha256"]), "0644", "root", "root")
-                       and host_state.file_matches(state, str(w["env_file"]), str(w["env_sha256"]), "0600", "root",
-                                                   "root"))
-        action = "start" if not running else "restart" if changed else "keep"
-        replicas.append({"index": w["index"], "name": w["name"], "action": action, "changed": changed,
-                         "drain": action == "restart", "enable": props.get("UnitFileState") != "enabled"})
-    # Capacity first: replicas that are down start before any running one leaves the gateway.
+        running = _props(state, str(w["name"])).get("ActiveState") == "active"
+        replicas.append({"index": w["index"], "name": w["name"], "url": w.get("url", ""),
+                         "action": "roll" if running else "start"})
+    # Capacity first: replicas that are down start before any running one may leave the gateway; the running ones
+    # follow one at a time, so while one restarts every other replica serves.
     order = ([r["index"] for r in replicas if r["action"] == "start"]
-             + [r["index"] for r in replicas if r["action"] == "restart"])
-    retire = [{"index": s["index"], "name": s["name"], "unit": s["unit"]} for s in all_slots[len(wanted):]
-              if _present(state, str(s["name"]), str(s["unit"]))]
-    # One at a time, the down ones started first: while one restarts, every other replica serves.
-    restarts = [r for r in replicas if r["action"] == "restart"]
+             + [r["index"] for r in replicas if r["action"] == "roll"])
+    retire = [{"index": s["index"], "name": s["name"], "unit": s["unit"],
+               "url": slot_urls[int(s["index"])] if int(s["index"]) < len(slot_urls) else ""}
+              for s in all_slots[len(wanted):] if _present(state, str(s["name"]))]
     if migrate and any(m["active"] for m in migrate):
         active = ", ".join(str(m["name"]) for m in migrate if m["active"])
         outage = (f"{active} serves every GPU and must stop before the first replica starts: the endpoint is down "
-                  "until replica 0 passes its gates")
-    elif restarts and len(replicas) == 1:
-        outage = (f"{restarts[0]['name']} is the only replica: the endpoint is down while it restarts "
-                  "(an outage that one replica cannot avoid)")
+                  "until the replicas and the gateway pass their gates")
     else:
         outage = ""
+    # One replica that restarts leaves nothing serving: said as its turn comes (only the role knows it changed).
+    single = (f"{replicas[0]['name']} is the only replica: the endpoint is down while it restarts "
+              "(an outage that one replica cannot avoid)") if len(replicas) == 1 and not outage else ""
     return {"replicas": replicas, "order": order, "migrate": migrate, "retire": retire, "outage": outage,
-            "any": bool(order or migrate or retire or any(r["enable"] for r in replicas))}
+            "single_outage": single}
 
 
 def summary_lines(plan: Mapping[str, Any]) -> list[str]:
@@ -123,13 +126,47 @@ def summary_lines(plan: Mapping[str, Any]) -> list[str]:
     for index in plan["order"]:
         r = by_index[index]
         lines.append(f"{r['name']}: " + ("start (not running)" if r["action"] == "start" else
-                                        "drain from the gateway, restart on the new unit, gate, add back"))
+                                        "when its unit changed: drain from the gateway, restart, gate, add back"))
     lines += [f"{r['name']}: drain, stop and disable (beyond the plan's {len(plan['replicas'])} replica(s))"
               for r in plan["retire"]]
-    lines += [f"{r['name']}: unchanged" for r in plan["replicas"] if r["action"] == "keep"]
     if plan["outage"]:
         lines.append(f"outage: {plan['outage']}")
     return lines
 
 
-__all__ = ["MAX_REPLICAS", "RolloutError", "replica_paths", "replica_unit", "rollout", "slots", "summary_lines"]
+def state_inputs(all_slots: Sequence[Mapping[str, Any]], settings: Mapping[str, Any] | None) -> dict[str, Any]:
+    """What host_state reads of every replica slot before the plan exists: each unit file, state folder (record)
+    and snapshots folder, the units, each slot's port and /health where the gateway reaches it, and the
+    gateway's metrics port (settings: the request's gateway section, planner defaults under it)."""
+    merged = {**gateway.DEFAULTS, **(settings or {})}
+    routed = gateway.Gateway(merged, "", 0)
+    files: list[dict[str, Any]] = []
+    for s in all_slots:
+        files += [{"path": s["unit"]}, {"path": s["state_dir"], "children": True},
+                  {"path": s["units_dir"], "children": True}]
+    urls = [routed.worker_url(int(s["index"])) for s in all_slots]
+    return {"files": files, "units": [s["name"] for s in all_slots], "urls": urls,
+            "ports": [routed.worker_port(int(s["index"])) for s in all_slots] + [int(merged["prometheus_port"])],
+            "health": [{"url": url + "/health", "timeout": 3} for url in urls]}
+
+
+def replica_plan(plan: Mapping[str, Any], index: int) -> dict[str, Any]:
+    """The plan as the sglang_service role runs one replica from it: the replica's argv, GPUs and listen address
+    (the endpoint, its served model name, the speculative settings and the sizing stay the plan's)."""
+    replicas = plan.get("replicas") or []
+    if not 0 <= int(index) < len(replicas):
+        raise RolloutError(f"replica {index}: the plan has {len(replicas)} replica(s)")
+    r = replicas[int(index)]
+    serve = {**(plan.get("serve") or {}), "host": r["host"], "port": r["port"]}
+    return {**plan, "args": list(r["args"]), "gpu_ids": list(r["gpu_ids"]), "dp_size": 1, "serve": serve,
+            "replica": {"index": r["index"], "url": r["url"], "gpu_ids": list(r["gpu_ids"])}}
+
+
+def wanted(plan: Mapping[str, Any], service_name: str) -> list[dict[str, Any]]:
+    """The plan's replicas as `rollout` takes them: index, unit name and the URL the gateway reaches it at."""
+    return [{"index": r["index"], "name": replica_unit(service_name, int(r["index"])), "url": r["url"]}
+            for r in plan.get("replicas") or []]
+
+
+__all__ = ["MAX_REPLICAS", "RolloutError", "present_units", "replica_paths", "replica_plan", "replica_unit", "rollout",
+           "slots", "state_inputs", "summary_lines", "wanted"]

@@ -89,14 +89,30 @@ def serving_lines(record: Mapping[str, Any] | None, url: str, model_name: str, u
             f"gates: {gates.get('state') or '?'} ({gates.get('detail') or ''})"]
 
 
+def replica_lines(replicas: Sequence[Mapping[str, Any]], url: str, model_name: str, gateway_unit: str) -> list[str]:
+    """Serving through the gateway: the endpoint, then each replica with its GPUs, what this run did and its gate."""
+    if not replicas:
+        return []
+    out = [f"serving: {url}/v1 ({model_name}) through {gateway_unit}, {len(replicas)} replica(s)"]
+    for r in sorted(replicas, key=lambda r: int(r.get("index") or 0)):
+        gates = r.get("gates") or {}
+        did = ("drained, restarted and added back" if r.get("drained") else "unchanged" if not r.get("restarted")
+               else "started" if r.get("action") == "start" else "restarted")
+        gpus = ",".join(str(g) for g in r.get("gpu_ids") or [])
+        out.append(f"replica {r.get('index')}: {r.get('name')} on GPUs {gpus} at {r.get('url')}, {did}; "
+                   f"gates {gates.get('state') or '?'} ({gates.get('detail') or ''})")
+    return out
+
+
 def lines(*, host: str, groups: Sequence[str], check_mode: bool, state: Mapping[str, Any], plan: Mapping[str, Any],
           proxmox: Mapping[str, Any], training: Mapping[str, Any] | None, training_record_path: str,
           models: Mapping[str, Mapping[str, Any]], model_root: str, synced_this_run: bool | None,
           engine: Mapping[str, Any] | None, record: Mapping[str, Any] | None, url: str, model_name: str,
-          unit: str) -> list[str]:
+          unit: str, replicas: Sequence[Mapping[str, Any]] = (), gateway_unit: str = "") -> list[str]:
     """Every line of one host's summary, in the order of the deploy's stages."""
     out: list[str | None] = [host_line(host, groups, check_mode), *gpu_lines(state), *proxmox_lines(proxmox),
                              plan_line(plan), training_line(training, training_record_path, check_mode),
                              models_line(models, model_root, synced_this_run), engine_line(engine, check_mode),
-                             *serving_lines(record, url, model_name, unit)]
+                             *(replica_lines(replicas, url, model_name, gateway_unit) if replicas
+                               else serving_lines(record, url, model_name, unit))]
     return [line for line in out if line]

@@ -8,11 +8,11 @@ from pathlib import Path
 from typing import Any
 
 try:
-    from dflash_infra import plan_inputs, planner, preflight
+    from dflash_infra import plan_inputs, planner, preflight, rollout
     from dflash_infra.ansible_filters import as_filters
 except ImportError:  # running from a checkout whose package is not installed in this Python
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from dflash_infra import plan_inputs, planner, preflight
+    from dflash_infra import plan_inputs, planner, preflight, rollout
     from dflash_infra.ansible_filters import as_filters
 
 
@@ -21,10 +21,17 @@ def dflash_identity_problems(identity: dict[str, Any], host: str, hardware: dict
     return preflight.identity_problems(host, hardware, identity)
 
 
-def dflash_serving_problems(state: dict[str, Any], host: str, plan: dict[str, Any], port: int, unit: str) -> list[str]:
-    """/dev/shm for the plan's TP group and the engine port (where the plan listens) free or held by our unit."""
+def dflash_serving_problems(state: dict[str, Any], host: str, plan: dict[str, Any], port: int, unit: str,
+                            gateway_unit: str = "") -> list[str]:
+    """/dev/shm for the plan's TP group and the ports (where the plan listens) free or held by our units: the engine,
+    or behind the gateway the gateway and each replica's own unit."""
+    replicas = [{"name": rollout.replica_unit(unit, int(r["index"])), "host": r["host"], "port": r["port"]}
+                for r in plan.get("replicas") or []]
+    settings = (plan.get("gateway") or {}).get("settings") or {}
     return preflight.serving_problems(host, state, int(plan["tp_size"]), int(port), unit,
-                                      str((plan.get("serve") or {}).get("host") or ""))
+                                      str((plan.get("serve") or {}).get("host") or ""), replicas, gateway_unit,
+                                      [settings["prometheus_port"]] if replicas and "prometheus_port" in settings
+                                      else [])
 
 
 class FilterModule:

@@ -8,13 +8,13 @@ from pathlib import Path
 from typing import Any
 
 try:
-    from dflash_infra import serving
+    from dflash_infra import rollout, serving
     from dflash_infra.ansible_filters import as_filters
     from dflash_infra.parsers import engine_log
     from dflash_infra.planning import gateway
 except ImportError:  # running from a checkout whose package is not installed in this Python
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from dflash_infra import serving
+    from dflash_infra import rollout, serving
     from dflash_infra.ansible_filters import as_filters
     from dflash_infra.parsers import engine_log
     from dflash_infra.planning import gateway
@@ -48,4 +48,11 @@ class FilterModule:
             "dflash_gateway_exec_start": serving.gateway_exec_start_lines,
             "dflash_gateway_todo": serving.gateway_todo,
             "dflash_gateway_section": gateway.checked_section,
+            "dflash_replica_slots": rollout.slots,
+            "dflash_replica_state_inputs": rollout.state_inputs,
+            "dflash_replica_plan": rollout.replica_plan,
+            "dflash_rollout_wanted": rollout.wanted,
+            "dflash_rollout": rollout.rollout,
+            "dflash_rollout_lines": rollout.summary_lines,
+            "dflash_present_units": rollout.present_units,
         })

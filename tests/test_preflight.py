@@ -56,6 +56,30 @@ def test_port_free_or_ours() -> None:
     assert "not the engine service this deploy manages (sglang-qwen.service)" in message
 
 
+def test_behind_the_gateway_each_port_belongs_to_its_own_unit() -> None:
+    def listener(pid: int, unit: str, local: str) -> dict[str, object]:
+        return {"pid": pid, "process": "python", "unit": unit, "local": local}
+    replicas = [{"name": f"sglang-qwen-r{i}.service", "host": "127.0.0.1", "port": 30001 + i} for i in range(2)]
+    state = {"ports": {"30000": [listener(5, "sglang-qwen.service", "0.0.0.0:30000")],  # migrated by this deploy
+                       "30001": [listener(6, "sglang-qwen-r0.service", "127.0.0.1:30001")],
+                       "30002": [listener(7, "sglang-qwen-r0.service", "127.0.0.1:30002")],
+                       "29000": [listener(8, "smg-gateway.service", "127.0.0.1:29000")]}}
+    [wrong] = preflight.serving_problems("ct200", state, 1, 30000, "sglang-qwen.service", "0.0.0.0", replicas,
+                                         "smg-gateway.service", [29000])
+    assert wrong.startswith("ct200: port 30002 is held by python (pid 7, unit sglang-qwen-r0.service") and \
+        "not the engine service this deploy manages (sglang-qwen-r1.service)" in wrong
+    stranger = {"ports": {"30000": [listener(9, "nginx.service", "0.0.0.0:30000")]}}
+    [taken] = preflight.serving_problems("ct200", stranger, 1, 30000, "sglang-qwen.service", "0.0.0.0", replicas,
+                                         "smg-gateway.service", [29000])
+    assert "not a service this deploy runs there (smg-gateway.service, sglang-qwen.service)" in taken
+    # A one-process plan on a host that serves through the gateway: said as such, with the two ways out.
+    routed = {"ports": {"30000": [listener(10, "smg-gateway.service", "0.0.0.0:30000")]}}
+    [back] = preflight.serving_problems("ct200", routed, 1, 30000, "sglang-qwen.service", "0.0.0.0", (),
+                                        "smg-gateway.service")
+    assert "this host serves through the SGLang Model Gateway" in back and "dflash_serve_through_gateway: true" in back
+    assert "ansible-playbook playbooks/stop_serving.yml -l ct200" in back
+
+
 def test_a_listener_on_another_address_of_a_shared_network_does_not_take_the_port() -> None:
     # Containers may share one network namespace (the lab's do): another host's engine on its own address is not
     # in the way, a wildcard listener on either side is.

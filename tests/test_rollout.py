@@ -15,40 +15,23 @@ SLOTS = rollout.slots("sglang-qwen.service", ENV, STATE, LIBEXEC)
 LEGACY = [{"name": "sglang-qwen.service", "unit": "/etc/systemd/system/sglang-qwen.service"}]
 
 
-def unit_sha(i: int) -> str:
-    return f"{i:x}" * 64
-
-
-def env_sha(i: int) -> str:
-    return f"e{i:x}" * 32
-
-
-def wanted(count: int, changed: tuple[int, ...] = ()) -> list[dict[str, Any]]:
-    """The plan's replicas; those in `changed` render another unit than the host has."""
-    return [{"index": s["index"], "name": s["name"], "unit": s["unit"], "env_file": s["env_file"],
-             "unit_sha256": unit_sha(s["index"] + (1 if s["index"] in changed else 0)),
-             "env_sha256": env_sha(s["index"])} for s in SLOTS[:count]]
-
-
-def entry(sha: str, mode: str) -> dict[str, Any]:
-    return {"exists": True, "kind": "file", "sha256": sha, "mode": mode, "owner": "root", "group": "root"}
+def wanted(count: int) -> list[dict[str, Any]]:
+    """The plan's replicas as rollout takes them."""
+    return [{"index": s["index"], "name": s["name"], "url": f"http://127.0.0.1:{30001 + s['index']}"}
+            for s in SLOTS[:count]]
 
 
 def host(replicas: int, down: tuple[int, ...] = (), legacy: str = "") -> dict[str, Any]:
     """host_state of a host serving `replicas` replicas as the role leaves them (`down` ones stopped); `legacy`:
-    the single-process unit's state ('active', 'enabled' or 'file')."""
-    files: dict[str, Any] = {}
+    the single-process unit's state ('active', 'enabled', or 'file': stopped and disabled, as a migration leaves it)."""
     units: dict[str, Any] = {}
     for s in SLOTS[:replicas]:
-        files[s["unit"]] = entry(unit_sha(s["index"]), "0644")
-        files[s["env_file"]] = entry(env_sha(s["index"]), "0600")
         units[s["name"]] = {"ActiveState": "inactive" if s["index"] in down else "active",
                             "UnitFileState": "enabled"}
     if legacy:
-        files[LEGACY[0]["unit"]] = entry("f" * 64, "0644")
         units["sglang-qwen.service"] = {"ActiveState": "active" if legacy == "active" else "inactive",
                                         "UnitFileState": "enabled" if legacy in ("active", "enabled") else "disabled"}
-    return {"files": files, "units": units}
+    return {"files": {}, "units": units}
 
 
 def test_the_slots_are_named_by_index_each_with_its_own_state_folder() -> None:
@@ -71,44 +54,27 @@ def test_a_replica_unit_that_cannot_be_named_is_refused(name: str, index: Any, m
         rollout.replica_unit(name, index)
 
 
-def test_a_converged_host_is_left_alone() -> None:
+def test_running_replicas_take_their_turn_in_index_order_and_nothing_else_is_touched() -> None:
     plan = rollout.rollout(host(4), wanted(4), LEGACY, SLOTS)
-    assert plan["order"] == [] and plan["migrate"] == [] and plan["retire"] == [] and plan["outage"] == ""
-    assert not plan["any"] and [r["action"] for r in plan["replicas"]] == ["keep"] * 4
-    assert rollout.summary_lines(plan) == [f"sglang-qwen-r{i}.service: unchanged" for i in range(4)]
-
-
-def test_a_changed_plan_restarts_the_replicas_one_at_a_time_each_drained_first() -> None:
-    plan = rollout.rollout(host(4), wanted(4, changed=(0, 1, 2, 3)), LEGACY, SLOTS)
-    assert plan["order"] == [0, 1, 2, 3] and all(r["drain"] for r in plan["replicas"])
-    assert plan["outage"] == "" and plan["any"]
+    assert plan["order"] == [0, 1, 2, 3] and [r["action"] for r in plan["replicas"]] == ["roll"] * 4
+    assert plan["migrate"] == [] and plan["retire"] == [] and plan["outage"] == "" and plan["single_outage"] == ""
+    assert plan["replicas"][2]["url"] == "http://127.0.0.1:30003"
     assert rollout.summary_lines(plan)[0] == (
-        "sglang-qwen-r0.service: drain from the gateway, restart on the new unit, gate, add back")
+        "sglang-qwen-r0.service: when its unit changed: drain from the gateway, restart, gate, add back")
 
 
 def test_a_replica_that_is_down_starts_before_any_running_one_leaves_the_gateway() -> None:
-    plan = rollout.rollout(host(4, down=(2,)), wanted(4, changed=(0, 2)), LEGACY, SLOTS)
-    assert plan["order"] == [2, 0]
-    assert [(r["action"], r["drain"]) for r in plan["replicas"]] == [
-        ("restart", True), ("keep", False), ("start", False), ("keep", False)]
+    plan = rollout.rollout(host(4, down=(2,)), wanted(4), LEGACY, SLOTS)
+    assert plan["order"] == [2, 0, 1, 3]
+    assert [r["action"] for r in plan["replicas"]] == ["roll", "roll", "start", "roll"]
+    assert rollout.summary_lines(plan)[0] == "sglang-qwen-r2.service: start (not running)"
 
 
-def test_a_changed_environment_file_restarts_its_replica_only() -> None:
-    state = host(2)
-    state["files"][SLOTS[1]["env_file"]]["sha256"] = "0" * 64
-    plan = rollout.rollout(state, wanted(2), LEGACY, SLOTS)
-    assert plan["order"] == [1] and plan["replicas"][0]["action"] == "keep"
-
-
-def test_a_single_replica_says_its_outage_up_front() -> None:
-    plan = rollout.rollout(host(1), wanted(1, changed=(0,)), LEGACY, SLOTS)
-    assert plan["outage"] == ("sglang-qwen-r0.service is the only replica: the endpoint is down while it restarts "
-                              "(an outage that one replica cannot avoid)")
-    assert rollout.summary_lines(plan)[-1].startswith("outage: sglang-qwen-r0.service is the only replica")
-    # Two replicas, one restarting: the other serves.
-    assert rollout.rollout(host(2), wanted(2, changed=(0,)), LEGACY, SLOTS)["outage"] == ""
-    # One replica restarting while the other is down and starts first: the started one serves.
-    assert rollout.rollout(host(2, down=(1,)), wanted(2, changed=(0,)), LEGACY, SLOTS)["outage"] == ""
+def test_a_single_replica_says_its_outage() -> None:
+    plan = rollout.rollout(host(1), wanted(1), LEGACY, SLOTS)
+    assert plan["single_outage"] == ("sglang-qwen-r0.service is the only replica: the endpoint is down while it "
+                                     "restarts (an outage that one replica cannot avoid)")
+    assert rollout.rollout(host(2), wanted(2), LEGACY, SLOTS)["single_outage"] == ""
 
 
 def test_the_single_process_unit_is_migrated_first_and_its_outage_said() -> None:
@@ -117,26 +83,52 @@ def test_the_single_process_unit_is_migrated_first_and_its_outage_said() -> None
                                 "enabled": True}]
     assert plan["order"] == [0, 1, 2, 3] and all(r["action"] == "start" for r in plan["replicas"])
     assert plan["outage"].startswith("sglang-qwen.service serves every GPU and must stop before the first replica")
+    assert plan["single_outage"] == ""
     assert rollout.summary_lines(plan)[0] == (
         "sglang-qwen.service: back up, stop and disable (the single-process unit; replicas replace it)")
-    # A unit file left stopped and disabled is still backed up and removed from the way, without an outage.
-    left = rollout.rollout(host(4, legacy="file"), wanted(4), LEGACY, SLOTS)
-    assert [m["active"] for m in left["migrate"]] == [False] and left["outage"] == "" and left["any"]
+    assert rollout.summary_lines(plan)[-1].startswith("outage: sglang-qwen.service serves every GPU")
+    # Enabled at boot but stopped: still stopped and disabled, without an outage.
+    enabled = rollout.rollout(host(4, legacy="enabled"), wanted(4), LEGACY, SLOTS)
+    assert [m["enabled"] for m in enabled["migrate"]] == [True] and enabled["outage"] == ""
+    # Stopped and disabled, as the migration leaves it (its file kept as the backup): left alone.
+    assert rollout.rollout(host(4, legacy="file"), wanted(4), LEGACY, SLOTS)["migrate"] == []
 
 
-def test_replicas_beyond_the_plan_are_retired() -> None:
-    plan = rollout.rollout(host(4), wanted(2), LEGACY, SLOTS)
-    assert [r["name"] for r in plan["retire"]] == ["sglang-qwen-r2.service", "sglang-qwen-r3.service"]
-    assert plan["order"] == [] and plan["any"]
+def test_replicas_beyond_the_plan_are_retired_with_the_url_the_gateway_knows_them_by() -> None:
+    urls = rollout.state_inputs(SLOTS, {})["urls"]
+    plan = rollout.rollout(host(4), wanted(2), LEGACY, SLOTS, urls)
+    assert [(r["name"], r["url"]) for r in plan["retire"]] == [
+        ("sglang-qwen-r2.service", "http://127.0.0.1:30003"), ("sglang-qwen-r3.service", "http://127.0.0.1:30004")]
+    assert plan["order"] == [0, 1]
     assert "sglang-qwen-r3.service: drain, stop and disable (beyond the plan's 2 replica(s))" in \
         rollout.summary_lines(plan)
+    assert rollout.present_units(host(4), ["smg-gateway.service", *[s["name"] for s in SLOTS]]) == [
+        f"sglang-qwen-r{i}.service" for i in range(4)]
 
 
-def test_a_replica_disabled_at_boot_is_enabled_without_a_restart() -> None:
-    state = host(2)
-    state["units"]["sglang-qwen-r1.service"]["UnitFileState"] = "disabled"
-    plan = rollout.rollout(state, wanted(2), LEGACY, SLOTS)
-    assert plan["order"] == [] and plan["replicas"][1]["enable"] and plan["any"]
+def test_host_state_reads_every_slot_where_the_gateway_reaches_it() -> None:
+    inputs = rollout.state_inputs(SLOTS, {"worker_host": "127.0.200.1", "worker_base_port": 31000})
+    assert inputs["units"] == [s["name"] for s in SLOTS]
+    assert inputs["ports"] == [31000 + i for i in range(8)] + [29000]
+    assert inputs["health"][7] == {"url": "http://127.0.200.1:31007/health", "timeout": 3}
+    assert {"path": f"{STATE}/sglang-qwen-r5", "children": True} in inputs["files"]
+    assert {"path": SLOTS[5]["unit"]} in inputs["files"] and len(inputs["files"]) == 24
+
+
+def test_a_replica_runs_from_the_plan_with_its_own_argv_gpus_and_address() -> None:
+    plan = {"tp_size": 2, "dp_size": 4, "args": ["--port", "30001"], "gpu_ids": list(range(8)),
+            "serve": {"host": "0.0.0.0", "port": 30000, "served_model_name": "Qwen3.6-27B"},
+            "replicas": [{"index": i, "gpu_ids": [2 * i, 2 * i + 1], "host": "127.0.0.1", "port": 30001 + i,
+                          "url": f"http://127.0.0.1:{30001 + i}", "args": ["--port", str(30001 + i)]}
+                         for i in range(4)]}
+    one = rollout.replica_plan(plan, 3)
+    assert (one["args"], one["gpu_ids"], one["dp_size"], one["tp_size"]) == (["--port", "30004"], [6, 7], 1, 2)
+    assert one["serve"] == {"host": "127.0.0.1", "port": 30004, "served_model_name": "Qwen3.6-27B"}
+    assert plan["gpu_ids"] == list(range(8)) and plan["serve"]["port"] == 30000  # the plan itself is unchanged
+    assert [w["name"] for w in rollout.wanted(plan, "sglang-qwen.service")] == [
+        f"sglang-qwen-r{i}.service" for i in range(4)]
+    with pytest.raises(rollout.RolloutError, match=re.escape("replica 4: the plan has 4 replica(s)")):
+        rollout.replica_plan(plan, 4)
 
 
 @pytest.mark.parametrize(("replicas", "message"), [

@@ -75,3 +75,25 @@ def test_no_training_job_is_said_so() -> None:
     lines = summary.lines(host="ct200", groups=["pro6000"], check_mode=False,
                           **inputs(training={}))
     assert "training: none running" in lines
+
+
+def test_behind_the_gateway_each_replica_is_named_with_its_gpus_what_the_run_did_and_its_gate() -> None:
+    ready = {"state": "ready", "detail": "generated 16 tokens"}
+    replicas = [
+        {"index": 1, "name": "sglang-qwen-r1.service", "url": "http://127.0.0.1:30002", "gpu_ids": [2, 3],
+         "action": "roll", "restarted": False, "drained": False, "gates": ready},
+        {"index": 0, "name": "sglang-qwen-r0.service", "url": "http://127.0.0.1:30001", "gpu_ids": [0, 1],
+         "action": "roll", "restarted": True, "drained": True, "gates": ready},
+        {"index": 2, "name": "sglang-qwen-r2.service", "url": "http://127.0.0.1:30003", "gpu_ids": [4, 5],
+         "action": "start", "restarted": True, "drained": False, "gates": ready}]
+    lines = summary.lines(host="ct200", groups=["pro6000"], check_mode=False,
+                          **inputs(replicas=replicas, gateway_unit="smg-gateway.service"))
+    assert lines[-4:] == [
+        "serving: http://127.0.0.1:30000/v1 (Qwen3.6-27B) through smg-gateway.service, 3 replica(s)",
+        "replica 0: sglang-qwen-r0.service on GPUs 0,1 at http://127.0.0.1:30001, drained, restarted and added back; "
+        "gates ready (generated 16 tokens)",
+        "replica 1: sglang-qwen-r1.service on GPUs 2,3 at http://127.0.0.1:30002, unchanged; gates ready "
+        "(generated 16 tokens)",
+        "replica 2: sglang-qwen-r2.service on GPUs 4,5 at http://127.0.0.1:30003, started; gates ready "
+        "(generated 16 tokens)"]
+    assert not any(line.startswith("gates:") for line in lines)  # the single engine's lines are not shown

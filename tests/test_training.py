@@ -142,6 +142,13 @@ def test_a_refused_resume_names_each_unit_once_with_its_pids_and_says_what_to_do
                                  {"sglang-qwen.service": "ansible-playbook playbooks/stop_serving.yml -l ct200"})
     assert "Stop the holder first (ansible-playbook playbooks/stop_serving.yml -l ct200; find the owner" in hinted
     assert "systemctl stop" not in hinted
+    # Behind the gateway every replica's unit holds its GPU pair; the one playbook that stops them all is named once.
+    replicas = gpus.holders_by_owner(held[:16], lambda pid: f"sglang-qwen-r{pid - 50}.service")
+    stop = "ansible-playbook playbooks/stop_serving.yml -l ct200"
+    both = gpus.resume_refusal("ct200", list(range(8)), replicas,
+                               {f"sglang-qwen-r{i}.service": stop for i in range(2)})
+    assert "held by sglang-qwen-r0.service (pids 50; GPUs 0,1,2,3,4,5,6,7); sglang-qwen-r1.service (pids 51" in both
+    assert both.count(stop) == 1 and f"Stop the holder first ({stop}), then run again" in both
 
 
 # --------------------------------------------------------------------------- the record and the resume argv

@@ -148,14 +148,14 @@ def _gpu_list(gpus: Iterable[int]) -> str:
 def resume_refusal(host: str, job_gpus: Sequence[int], owners: Mapping[str, Any],
                    stop_hints: Mapping[str, str] | None = None) -> str:
     """The sentence a resume refuses with while other processes hold the job's GPUs: each unit once with its pids,
-    each process outside a unit once, and what to do (`stop_hints`: unit -> the command that stops it properly,
-    e.g. the serving engine's playbook; else systemctl stop)."""
+    each process outside a unit once, and what to do, each command once (`stop_hints`: unit -> the command that
+    stops it properly, e.g. the serving engine's playbook for every engine unit; else systemctl stop)."""
     held = [f"{unit} (pids {', '.join(str(p) for p in e['pids'])}; GPUs {_gpu_list(e['gpus'])})"
             for unit, e in owners["units"].items()]
     held += [f"pid {pid} ({e['process_name']}, in no systemd unit; GPUs {_gpu_list(e['gpus'])})"
              for pid, e in owners["processes"].items()]
     hints = stop_hints or {}
-    todo = [hints.get(unit) or f"systemctl stop {unit}" for unit in owners["units"]]
+    todo = list(dict.fromkeys(hints.get(unit) or f"systemctl stop {unit}" for unit in owners["units"]))
     todo += [f"find the owner of pid {pid} with `ps -o pid,user,lstart,args -p {pid}` and stop it"
              for pid in owners["processes"]]
     return (f"{host}: expected the stopped job's GPUs {_gpu_list(job_gpus) or '(all)'} to be free before it starts "

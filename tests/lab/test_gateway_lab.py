@@ -1,0 +1,216 @@
+"""Serving through the real SGLang Model Gateway in the lab: deploy_dflash.yml with dflash_serve_through_gateway on
+ct200 (four engine stand-ins of tp 2, one per GPU pair, behind smg 1.13.0 from its lab lock), under load from a
+real load client (Locust, headless, tools/locustfile.py and tools/load.py; bounded by users and a SIGTERM when
+the play ends, loopback only).
+
+Order is the operator's: the single-process deploy migrated by the first gateway deploy, the no-op re-run and a
+dry run of a changed plan, a rolling redeploy of a changed plan under load, a replica failing its gates mid-rollout
+under load, one replica SIGKILLed under load, a changed gateway setting (its restart is the one outage), and the
+user's way back to training.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from helpers import ROOT, ansible_environment, tool
+
+sys.path.insert(0, str(ROOT / "tools"))
+from load import Load
+
+if TYPE_CHECKING:
+    from tests.lab.conftest import LabHandle
+
+pytestmark = pytest.mark.lab
+
+REPLICAS = [f"sglang-qwen-r{i}.service" for i in range(4)]
+ROUTED = {"dflash_serve_through_gateway": True}
+
+
+def play(name: str, *args: str, extra: dict[str, Any] | None = None) -> subprocess.CompletedProcess[str]:
+    argv = [tool("ansible-playbook"), "-i", "inventory/lab", "-l", "ct200", name, *args]
+    if extra is not None:
+        argv += ["-e", json.dumps(extra)]
+    return subprocess.run(argv, cwd=ROOT, env=ansible_environment(), capture_output=True, text=True)
+
+
+def recap(result: subprocess.CompletedProcess[str]) -> dict[str, int]:
+    match = re.search(r"^ct200\s+:\s+(.*)$", result.stdout, re.MULTILINE)
+    assert match, f"no PLAY RECAP line for ct200:\n{result.stdout[-3000:]}"
+    return {k: int(v) for k, v in re.findall(r"(\w+)=(\d+)", match.group(1))}
+
+
+FIRST: dict[str, subprocess.CompletedProcess[str]] = {}
+
+
+@pytest.fixture(scope="module")
+def routed(lab: LabHandle) -> Iterator[LabHandle]:
+    """ct200 as the current deploy leaves it (one --dp-size engine on the endpoint), then the first gateway deploy;
+    afterwards the replicas and the gateway are stopped and disabled, and the single-process unit serves again (what
+    the other lab tests expect of ct200)."""
+    single = play("deploy_dflash.yml")
+    assert single.returncode == 0, single.stdout[-5000:]
+    assert lab.ssh("ct200", "systemctl", "is-active", "sglang-qwen.service").stdout.strip() == "active"
+    FIRST["deploy"] = play("deploy_dflash.yml", extra=ROUTED)
+    yield lab
+    lab.ssh("ct200", "systemctl", "disable", "--now", "smg-gateway.service", *REPLICAS)
+    lab.ssh("ct200", "systemctl", "enable", "--now", "sglang-qwen.service")
+
+
+def unit_state(lab: LabHandle, unit: str) -> tuple[str, str]:
+    out = lab.ssh("ct200", "systemctl", "show", unit, "--property=ActiveState,UnitFileState").stdout
+    props = dict(line.split("=", 1) for line in out.split())
+    return props["ActiveState"], props["UnitFileState"]
+
+
+def test_the_first_gateway_deploy_migrates_the_single_process_unit_and_serves_every_replica(routed: LabHandle) -> None:
+    result = FIRST["deploy"]
+    out = " ".join(result.stdout.split())  # the callback folds long messages
+    assert result.returncode == 0, result.stdout[-5000:]
+    ct200 = routed.addresses["ct200"]
+    assert "sglang-qwen.service: back up, stop and disable (the single-process unit; replicas replace it)" in out
+    assert "outage: sglang-qwen.service serves every GPU and must stop before the first replica starts" in out
+    assert f"serving: http://{ct200}:30000/v1 (Qwen3.6-27B) through smg-gateway.service, 4 replica(s)" in out
+    for i in range(4):
+        assert (f"replica {i}: sglang-qwen-r{i}.service on GPUs {2 * i},{2 * i + 1} at http://{ct200}:{30001 + i}, "
+                "started; gates ready (generated 16 tokens)") in out, out[-3000:]
+        assert unit_state(routed, REPLICAS[i]) == ("active", "enabled")
+        env = routed.ssh("ct200", "systemctl", "show", REPLICAS[i], "--property=Environment").stdout
+        assert f"CUDA_VISIBLE_DEVICES={2 * i},{2 * i + 1}" in env
+    assert "smg-gateway.service: /health 200; 4 worker(s) ready" in out
+    assert re.search(r"outage: the endpoint http://\S+ was down [0-9.]+ s while smg-gateway.service started", out)
+    assert unit_state(routed, "sglang-qwen.service") == ("inactive", "disabled")
+    backup = routed.ssh("ct200", "ls /var/lib/dflash-infra/units/*-migrated/").stdout.split()
+    assert {"sglang-qwen.service", "sglang-qwen.env"} <= set(backup), backup
+    # Each replica listens only on the address the gateway reaches it at; the endpoint is the gateway's.
+    listeners = routed.ssh("ct200", "ss", "-Hltnp").stdout
+    for i in range(4):
+        assert f"{ct200}:{30001 + i} " in listeners
+    assert re.search(rf"{re.escape(ct200)}:30000 .*smg", listeners), listeners
+    record = json.loads(routed.ssh("ct200", "cat", "/var/lib/dflash-infra/sglang-qwen-r2/deployment.json").stdout)
+    assert record["gates"]["state"] == "ready" and record["plan"]["gpu_ids"] == [4, 5]
+
+
+def test_a_second_run_changes_nothing_and_check_lists_the_replicas_a_changed_plan_would_restart(
+        routed: LabHandle) -> None:
+    again = play("deploy_dflash.yml", extra=ROUTED)
+    assert again.returncode == 0 and recap(again)["changed"] == 0, again.stdout[-3000:]
+    before = routed.changeable_state()
+    dry = play("deploy_dflash.yml", "--check", "--diff",
+               extra={**ROUTED, "dflash_plan_overrides": {"max_running_requests": 24}})
+    assert dry.returncode == 0, dry.stdout[-5000:]
+    for unit in REPLICAS:  # each replica's unit would change: its diff is shown, and its drain is skipped
+        assert re.search(rf"TASK \[sglang_service : Write the unit, validated with systemd-analyze verify, "
+                         rf"{re.escape(unit)}\][^\n]*\n(?:(?!TASK).*\n)*?\+\s+--max-running-requests 24", dry.stdout), \
+            dry.stdout[-5000:]
+    assert "check mode: nothing was changed" in dry.stdout
+    assert routed.changeable_state() == before
+
+
+def test_a_rolling_redeploy_of_a_changed_plan_under_load_fails_no_request(routed: LabHandle, tmp_path: Path) -> None:
+    load = Load(f"http://{routed.addresses['ct200']}:30000", tmp_path / "load")
+    result = play("deploy_dflash.yml", extra={**ROUTED, "dflash_plan_overrides": {"max_running_requests": 24}})
+    figures = load.stop()
+    assert result.returncode == 0, result.stdout[-5000:]
+    for i in range(4):
+        assert f"replica {i}: sglang-qwen-r{i}.service on GPUs {2 * i},{2 * i + 1}" in result.stdout
+        assert "ExecStart=" in (unit := routed.ssh("ct200", "systemctl", "cat", REPLICAS[i]).stdout)
+        assert re.search(r"--max-running-requests\s+24", unit), unit
+    assert result.stdout.count("drained, restarted and added back") == 4, result.stdout[-3000:]
+    assert "smg-gateway.service" not in re.findall(r"changed: \[ct200\].*", result.stdout)
+    assert figures["requests"] > 100 and figures["failed"] == 0, figures
+
+
+def test_a_replica_failing_its_gates_mid_rollout_is_rolled_back_alone_and_the_endpoint_stays_up(
+        routed: LabHandle, tmp_path: Path) -> None:
+    before = {u: routed.ssh("ct200", "systemctl", "cat", u).stdout for u in REPLICAS}
+    load = Load(f"http://{routed.addresses['ct200']}:30000", tmp_path / "load")
+    crash = {"SGLANG_STANDIN_CRASH_AT_START": "1"}
+    result = play("deploy_dflash.yml", extra={**ROUTED, "dflash_plan_overrides": {"max_running_requests": 24},
+                                              "sglang_service_extra_environment": crash})
+    figures = load.stop()
+    out = result.stdout
+    assert result.returncode != 0, out[-3000:]
+    assert "replica 0 (sglang-qwen-r0.service, GPUs 0,1) failed its turn of the rollout" in out, out[-5000:]
+    assert "Back in the gateway on its old unit" in out, out[-5000:]
+    after = {u: routed.ssh("ct200", "systemctl", "cat", u).stdout for u in REPLICAS}
+    assert after == before  # r0 back on its last good unit, the others never touched
+    assert all(unit_state(routed, u)[0] == "active" for u in REPLICAS)
+    assert figures["requests"] > 50 and figures["failed"] == 0, figures
+    workers = json.loads(routed.ssh("ct200", "python3", "/usr/local/lib/dflash-infra/smg-ctl", "--url",
+                                    f"http://{routed.addresses['ct200']}:30000", "--credentials",
+                                    "/etc/dflash-infra/smg-gateway", "workers").stdout)["workers"]
+    assert sorted(w["url"] for w in workers) == [f"http://{routed.addresses['ct200']}:{30001 + i}" for i in range(4)]
+
+
+def test_a_replica_killed_under_load_is_routed_around_and_rejoins(routed: LabHandle, tmp_path: Path) -> None:
+    unit = REPLICAS[1]
+    pid = routed.ssh("ct200", "systemctl", "show", unit, "--property=MainPID", "--value").stdout.strip()
+    load = Load(f"http://{routed.addresses['ct200']}:30000", tmp_path / "load")
+    time.sleep(2)
+    assert routed.ssh("ct200", "kill", "-KILL", pid).returncode == 0
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline:
+        now = routed.ssh("ct200", "systemctl", "show", unit, "--property=MainPID,ActiveState,NRestarts").stdout
+        props = dict(line.split("=", 1) for line in now.split())
+        if props["ActiveState"] == "active" and props["MainPID"] not in ("0", pid) and int(props["NRestarts"]) >= 1:
+            ready = routed.ssh("ct200", "python3", "/usr/local/lib/dflash-infra/smg-ctl", "--url",
+                               f"http://{routed.addresses['ct200']}:30000", "--credentials",
+                               "/etc/dflash-infra/smg-gateway", "ready", "--workers",
+                               *[f"http://{routed.addresses['ct200']}:{30001 + i}" for i in range(4)])
+            if ready.returncode == 0:
+                break
+        time.sleep(1)
+    else:
+        pytest.fail(f"{unit} did not come back behind the gateway: {now}")
+    time.sleep(2)  # requests through the rejoined replica
+    figures = load.stop()
+    print(f"\nreplica SIGKILLed under load: {figures['requests']} requests, {figures['failed']} failed")
+    assert figures["requests"] > 50 and figures["failed"] == 0, figures
+
+
+def test_a_changed_gateway_setting_restarts_only_the_gateway_and_the_outage_is_measured(
+        routed: LabHandle, tmp_path: Path) -> None:
+    ct200 = routed.addresses["ct200"]
+    settings = {"worker_host": ct200, "prometheus_host": ct200, "retry_max_retries": 5}
+    plan = {**ROUTED, "dflash_plan_overrides": {"max_running_requests": 24}}
+    assert play("deploy_dflash.yml", extra=plan).returncode == 0  # the replicas as the earlier tests leave them
+    load = Load(f"http://{ct200}:30000", tmp_path / "load")
+    result = play("deploy_dflash.yml", extra={**plan, "dflash_gateway_settings": settings})
+    figures = load.stop()
+    out = " ".join(result.stdout.split())  # the callback folds long messages
+    assert result.returncode == 0, result.stdout[-5000:]
+    outage = re.search(rf"outage: the endpoint http://{re.escape(ct200)}:30000 was down ([0-9.]+) s while "
+                       r"smg-gateway.service restarted", out)
+    assert outage, out[-3000:]
+    assert out.count("unchanged; gates ready") == 4, out[-3000:]
+    assert "--retry-max-retries 5" in routed.ssh("ct200", "systemctl", "cat", "smg-gateway.service").stdout.replace(
+        " \\\n    ", " ")
+    print(f"\ngateway restart: play says {outage.group(1)} s down; load client {figures['requests']} requests, "
+          f"{figures['failed']} failed")
+    assert figures["requests"] > 50
+
+
+def test_stop_serving_stops_the_gateway_and_every_replica_and_the_resume_names_them(routed: LabHandle) -> None:
+    refused = play("playbooks/resume_training.yml", extra=ROUTED)
+    assert refused.returncode != 0 and "held by sglang-qwen-r0.service (pids " in refused.stdout, refused.stdout[-3000:]
+    assert "Stop the holder first (ansible-playbook playbooks/stop_serving.yml -l ct200)" in refused.stdout
+    stopped = play("playbooks/stop_serving.yml", extra=ROUTED)
+    assert stopped.returncode == 0, stopped.stdout[-3000:]
+    for unit in ["smg-gateway.service", *REPLICAS]:
+        assert unit_state(routed, unit) == ("inactive", "disabled"), unit
+    record = json.loads(routed.ssh("ct200", "cat", "/var/lib/dflash-infra/stopped-serving.json").stdout)
+    assert record["units"] == ["smg-gateway.service", *REPLICAS]
+    served = play("deploy_dflash.yml", extra=ROUTED)
+    assert served.returncode == 0, served.stdout[-5000:]
+    assert all(unit_state(routed, u) == ("active", "enabled") for u in ["smg-gateway.service", *REPLICAS])
