@@ -68,7 +68,7 @@ BUILD_LOG := .cache/test-build.log
 BESIDE_LOG := .cache/test-beside-lab.log
 LAB_TIER := -m lab
 LAB_1_LOG := .cache/test-lab-1.log
-LAB_1_TESTS := tests/lab/test_demo.py tests/lab/test_molecule.py tests/lab/test_proxmox_lab.py tests/lab/test_gateway_lab.py
+LAB_1_TESTS := tests/lab/test_demo.py tests/lab/test_molecule.py tests/lab/test_gateway_lab.py
 LAB_1_ENV := LAB_INSTANCE=1 LAB_STATE_DIR=$(abspath .cache/lab-1)
 BESIDE_TIER := -m "(sglang_parser or smg_parser or standin) and not lab"
 

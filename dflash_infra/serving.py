@@ -379,6 +379,21 @@ def gateway_todo(state: Mapping[str, Any], paths: Mapping[str, str], unit: str, 
     return todo
 
 
+def gateway_record(previous: Mapping[str, Any] | None, venv: Mapping[str, Any], lock_file: str, version: str,
+                   unit_sha256: str, section: Mapping[str, Any], now: str) -> dict[str, Any]:
+    """What the gateway's record (smg-gateway.json) says: the smg release, the lock it was installed from (file,
+    sha256, packages, the notable pins), its unit's sha256, the endpoint and its workers. `deployed_at` is kept from
+    `previous` when nothing else differs, so a converged host's record is not rewritten."""
+    record: dict[str, Any] = {
+        "smg": version, "venv": venv.get("venv"),
+        "lock": {"file": lock_file, "sha256": venv.get("lock_sha256"), "packages": venv.get("packages"),
+                 "notable": dict(venv.get("notable") or {})},
+        "unit_sha256": unit_sha256, "endpoint": f"{section.get('host')}:{section.get('port')}",
+        "workers": list(section.get("workers") or [])}
+    same = isinstance(previous, Mapping) and {k: v for k, v in previous.items() if k != "deployed_at"} == record
+    return {"deployed_at": previous["deployed_at"] if same and previous else now, **record}
+
+
 __all__ = [
     "GATEWAY_HELPERS",
     "HELPERS",
@@ -399,6 +414,7 @@ __all__ = [
     "flags_from_help",
     "gateway_exec_start_lines",
     "gateway_paths",
+    "gateway_record",
     "gateway_todo",
     "key_file_sha256",
     "missing_flags",

@@ -89,11 +89,17 @@ def serving_lines(record: Mapping[str, Any] | None, url: str, model_name: str, u
             f"gates: {gates.get('state') or '?'} ({gates.get('detail') or ''})"]
 
 
-def replica_lines(replicas: Sequence[Mapping[str, Any]], url: str, model_name: str, gateway_unit: str) -> list[str]:
-    """Serving through the gateway: the endpoint, then each replica with its GPUs, what this run did and its gate."""
+def replica_lines(replicas: Sequence[Mapping[str, Any]], url: str, model_name: str, gateway_unit: str,
+                  gateway: Mapping[str, Any] | None = None) -> list[str]:
+    """Serving through the gateway: the endpoint and the gateway's release and lock, then each replica with its
+    GPUs, what this run did and its gate."""
     if not replicas:
         return []
     out = [f"serving: {url}/v1 ({model_name}) through {gateway_unit}, {len(replicas)} replica(s)"]
+    if gateway:
+        lock = gateway.get("lock") or {}
+        out.append(f"gateway: smg {gateway.get('smg')} at {gateway.get('venv')}, locked by {lock.get('file')} "
+                   f"({lock.get('packages')} packages, sha256 {str(lock.get('sha256'))[:16]})")
     for r in sorted(replicas, key=lambda r: int(r.get("index") or 0)):
         gates = r.get("gates") or {}
         did = ("drained, restarted and added back" if r.get("drained") else "unchanged" if not r.get("restarted")
@@ -108,11 +114,12 @@ def lines(*, host: str, groups: Sequence[str], check_mode: bool, state: Mapping[
           proxmox: Mapping[str, Any], training: Mapping[str, Any] | None, training_record_path: str,
           models: Mapping[str, Mapping[str, Any]], model_root: str, synced_this_run: bool | None,
           engine: Mapping[str, Any] | None, record: Mapping[str, Any] | None, url: str, model_name: str,
-          unit: str, replicas: Sequence[Mapping[str, Any]] = (), gateway_unit: str = "") -> list[str]:
+          unit: str, replicas: Sequence[Mapping[str, Any]] = (), gateway_unit: str = "",
+          gateway: Mapping[str, Any] | None = None) -> list[str]:
     """Every line of one host's summary, in the order of the deploy's stages."""
     out: list[str | None] = [host_line(host, groups, check_mode), *gpu_lines(state), *proxmox_lines(proxmox),
                              plan_line(plan), training_line(training, training_record_path, check_mode),
                              models_line(models, model_root, synced_this_run), engine_line(engine, check_mode),
-                             *(replica_lines(replicas, url, model_name, gateway_unit) if replicas
+                             *(replica_lines(replicas, url, model_name, gateway_unit, gateway) if replicas
                                else serving_lines(record, url, model_name, unit))]
     return [line for line in out if line]

@@ -117,3 +117,18 @@ def test_a_gateway_section_given_outside_a_plan_is_checked_like_the_plans() -> N
         gateway.checked_section({"worker_base_port": 30000}, {"host": "0.0.0.0", "port": 30000}, 1)
     with pytest.raises(gateway.GatewayError, match=re.escape("worker_host: 0.0.0.0 is not a loopback address")):
         gateway.checked_section({"worker_host": "0.0.0.0"}, {"host": "0.0.0.0", "port": 30000}, 2)
+
+
+def test_the_gateways_record_names_its_lock_and_is_kept_while_nothing_changed() -> None:
+    venv = {"venv": "/opt/smg/venv", "lock_sha256": "ab" * 32, "packages": 7, "notable": {"smg": "1.13.0"}}
+    section = {"host": "0.0.0.0", "port": 30000, "workers": ["http://127.0.0.1:30001", "http://127.0.0.1:30002"]}
+    lock = "smg-1.13.0-py3.12-x86_64-manylinux_2_34.txt"
+    first = serving.gateway_record(None, venv, lock, "1.13.0", "c" * 64, section, "2026-12-02T01:00:00+00:00")
+    assert first == {"deployed_at": "2026-12-02T01:00:00+00:00", "smg": "1.13.0", "venv": "/opt/smg/venv",
+                     "lock": {"file": lock, "sha256": "ab" * 32, "packages": 7, "notable": {"smg": "1.13.0"}},
+                     "unit_sha256": "c" * 64, "endpoint": "0.0.0.0:30000", "workers": section["workers"]}
+    # The next run: the same record (the role writes nothing); a changed worker list is a new record.
+    assert serving.gateway_record(first, venv, lock, "1.13.0", "c" * 64, section, "2026-12-02T02:00:00") == first
+    one = {**section, "workers": section["workers"][:1]}
+    fewer = serving.gateway_record(first, venv, lock, "1.13.0", "c" * 64, one, "2026-12-02T02:00:00")
+    assert fewer["deployed_at"] == "2026-12-02T02:00:00" and fewer["workers"] == ["http://127.0.0.1:30001"]

@@ -86,10 +86,14 @@ def test_behind_the_gateway_each_replica_is_named_with_its_gpus_what_the_run_did
          "action": "roll", "restarted": True, "drained": True, "gates": ready},
         {"index": 2, "name": "sglang-qwen-r2.service", "url": "http://127.0.0.1:30003", "gpu_ids": [4, 5],
          "action": "start", "restarted": True, "drained": False, "gates": ready}]
+    record = {"smg": "1.13.0", "venv": "/opt/smg/venv",
+              "lock": {"file": "smg-1.13.0-py3.12-x86_64-manylinux_2_34.txt", "sha256": "ab" * 32, "packages": 7}}
     lines = summary.lines(host="ct200", groups=["pro6000"], check_mode=False,
-                          **inputs(replicas=replicas, gateway_unit="smg-gateway.service"))
-    assert lines[-4:] == [
+                          **inputs(replicas=replicas, gateway_unit="smg-gateway.service", gateway=record))
+    assert lines[-5:] == [
         "serving: http://127.0.0.1:30000/v1 (Qwen3.6-27B) through smg-gateway.service, 3 replica(s)",
+        "gateway: smg 1.13.0 at /opt/smg/venv, locked by smg-1.13.0-py3.12-x86_64-manylinux_2_34.txt (7 packages, "
+        "sha256 abababababababab)",
         "replica 0: sglang-qwen-r0.service on GPUs 0,1 at http://127.0.0.1:30001, drained, restarted and added back; "
         "gates ready (generated 16 tokens)",
         "replica 1: sglang-qwen-r1.service on GPUs 2,3 at http://127.0.0.1:30002, unchanged; gates ready "

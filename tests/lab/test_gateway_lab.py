@@ -11,6 +11,7 @@ user's way back to training.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import subprocess
@@ -99,6 +100,13 @@ def test_the_first_gateway_deploy_migrates_the_single_process_unit_and_serves_ev
     assert re.search(rf"{re.escape(ct200)}:30000 .*smg", listeners), listeners
     record = json.loads(routed.ssh("ct200", "cat", "/var/lib/dflash-infra/sglang-qwen-r2/deployment.json").stdout)
     assert record["gates"]["state"] == "ready" and record["plan"]["gpu_ids"] == [4, 5]
+    # The gateway from its lab lock, hashes required; its record names that lock.
+    lock = ROOT / "locks" / "smg-1.13.0-py3.11-x86_64-manylinux_2_34.txt"
+    gateway = json.loads(routed.ssh("ct200", "cat", "/var/lib/dflash-infra/smg-gateway.json").stdout)
+    assert gateway["lock"]["sha256"] == hashlib.sha256(lock.read_bytes()).hexdigest()
+    assert (gateway["smg"], gateway["lock"]["file"], len(gateway["workers"])) == ("1.13.0", lock.name, 4)
+    assert f"gateway: smg 1.13.0 at /opt/smg/venv, locked by {lock.name} (7 packages, sha256 " \
+           f"{gateway['lock']['sha256'][:16]})" in out
 
 
 def test_a_second_run_changes_nothing_and_check_lists_the_replicas_a_changed_plan_would_restart(
@@ -211,6 +219,7 @@ def test_stop_serving_stops_the_gateway_and_every_replica_and_the_resume_names_t
         assert unit_state(routed, unit) == ("inactive", "disabled"), unit
     record = json.loads(routed.ssh("ct200", "cat", "/var/lib/dflash-infra/stopped-serving.json").stdout)
     assert record["units"] == ["smg-gateway.service", *REPLICAS]
-    served = play("deploy_dflash.yml", extra=ROUTED)
-    assert served.returncode == 0, served.stdout[-5000:]
-    assert all(unit_state(routed, u) == ("active", "enabled") for u in ["smg-gateway.service", *REPLICAS])
+    # The next deploy serving again (and forgetting the record) is the same role path as without the gateway
+    # (tests/lab/test_deploy.py); a second stop changes nothing.
+    again = play("playbooks/stop_serving.yml", extra=ROUTED)
+    assert again.returncode == 0 and recap(again)["changed"] == 0, again.stdout[-3000:]
