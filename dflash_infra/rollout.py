@@ -8,11 +8,12 @@ host may have (at most one per GPU) before the plan exists.
 `rollout` decides, from host_state and the units the plan wants, what a deploy does and in which order:
   - the legacy single-process unit (`--dp-size` over every GPU, or the team's old hand-made one of the same name)
     is backed up, stopped and disabled before the first replica starts: it holds every GPU's memory;
-  - replicas that do not run are started first (capacity before anything leaves the gateway), then the replicas
-    whose unit changed are restarted one at a time: out of the gateway, restarted, gated, back in;
+  - replicas that do not run are started first (capacity before anything leaves the gateway), then the running
+    ones take their turn one at a time; the sglang_service role decides whether a replica's unit changed, and one
+    that did is taken out of the gateway, restarted, gated and put back;
   - replica units beyond the plan's count (a plan with fewer replicas) are taken out, stopped and disabled;
-  - `outage` says up front when the endpoint cannot stay up: a single replica that must restart, or a migration
-    (the old process must stop before a replica can start).
+  - `outage` says up front when a migration cannot keep the endpoint up (the old process must stop before a
+    replica can start); `single_outage` what a single replica's restart costs, said when its turn comes.
 Pure functions of their arguments: the roles call them through filters, tests call them directly.
 """
 
@@ -62,8 +63,8 @@ def _props(state: Mapping[str, Any], unit: str) -> Mapping[str, Any]:
 
 
 def _present(state: Mapping[str, Any], unit: str) -> bool:
-    """The unit runs or starts at boot: what a deploy must stop and disable (a stopped, disabled unit file is the
-    backup that playbooks/rollback.yml can go back to, and is left alone)."""
+    """The unit runs or starts at boot: what a deploy must stop and disable (a stopped, disabled unit file, as a
+    migration leaves it with its record, is left alone)."""
     props = _props(state, unit)
     return (props.get("ActiveState") in ("active", "activating", "reloading", "deactivating")
             or props.get("UnitFileState") == "enabled")
