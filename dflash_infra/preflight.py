@@ -105,9 +105,10 @@ def overlaps(listen: str, local: str) -> bool:
 
 
 def holder_problems(host: str, port: int, holders: Sequence[Mapping[str, Any]], unit: str | Sequence[str],
-                    listen: str = "") -> list[str]:
+                    listen: str = "", setting: str = "dflash_service_port") -> list[str]:
     """The port's listeners (dflash_host_state: pid, process, unit, local) that would take it from the service
-    listening on `listen` must all belong to the unit(s) this deploy runs there."""
+    listening on `listen` must all belong to the unit(s) this deploy runs there; `setting` is where the port is
+    chosen, for the way out."""
     units = [unit] if isinstance(unit, str) else list(unit)
     strangers = [h for h in holders if h.get("unit") not in units and overlaps(listen, str(h.get("local") or ""))]
     if not strangers:
@@ -117,7 +118,7 @@ def holder_problems(host: str, port: int, holders: Sequence[Mapping[str, Any]], 
     ours = (f"the engine service this deploy manages ({units[0]})" if len(units) == 1
             else f"a service this deploy runs there ({', '.join(units)})")
     return [f"{host}: port {port} is held by {who}, which is not {ours}. Stop that server (or choose another "
-            "dflash_service_port) and re-run."]
+            f"{setting}) and re-run."]
 
 
 def _holders(state: Mapping[str, Any], port: int) -> list[Mapping[str, Any]]:
@@ -126,11 +127,11 @@ def _holders(state: Mapping[str, Any], port: int) -> list[Mapping[str, Any]]:
 
 def serving_problems(host: str, state: Mapping[str, Any], tp: int, port: int, unit: str, listen: str = "",
                      replicas: Sequence[Mapping[str, Any]] = (), gateway_unit: str = "",
-                     gateway_ports: Sequence[int] = ()) -> list[str]:
+                     gateway_ports: Sequence[tuple[int, str]] = ()) -> list[str]:
     """Host checks that need the plan: /dev/shm for the TP group's NCCL buffers and the ports. Without a gateway
     the endpoint's port is the engine unit's; behind one it is the gateway's (or the single-process unit's, which
     the deploy migrates), each replica's port its own unit's (`name`, `host`, `port`), and the gateway's other
-    ports (metrics) the gateway's."""
+    ports (metrics: port and the address it listens on) the gateway's."""
     shm = (state.get("system") or {}).get("shm") or {}
     shm_bytes = shm.get("size_bytes") if shm.get("mounted") else None
     problems = shm_problems(host, int(tp), shm_bytes)
@@ -144,9 +145,10 @@ def serving_problems(host: str, state: Mapping[str, Any], tp: int, port: int, un
     problems += holder_problems(host, int(port), _holders(state, port), [gateway_unit, unit], listen)
     for r in replicas:
         problems += holder_problems(host, int(r["port"]), _holders(state, int(r["port"])), str(r["name"]),
-                                    str(r["host"]))
-    for extra in gateway_ports:
-        problems += holder_problems(host, int(extra), _holders(state, int(extra)), gateway_unit, "")
+                                    str(r["host"]), "dflash_gateway_settings.worker_base_port")
+    for extra, extra_host in gateway_ports:
+        problems += holder_problems(host, int(extra), _holders(state, int(extra)), gateway_unit, str(extra_host),
+                                    "dflash_gateway_settings.prometheus_port")
     return problems
 
 

@@ -90,9 +90,10 @@ def serving_lines(record: Mapping[str, Any] | None, url: str, model_name: str, u
 
 
 def replica_lines(replicas: Sequence[Mapping[str, Any]], url: str, model_name: str, gateway_unit: str,
-                  gateway: Mapping[str, Any] | None = None) -> list[str]:
+                  gateway: Mapping[str, Any] | None = None, check_mode: bool = False) -> list[str]:
     """Serving through the gateway: the endpoint and the gateway's release and lock, then each replica with its
-    GPUs, what this run did and its gate."""
+    GPUs, what this run did and its gate; under --check what a run would do to it (`would`: start, roll or
+    nothing), and no gate."""
     if not replicas:
         return []
     out = [f"serving: {url}/v1 ({model_name}) through {gateway_unit}, {len(replicas)} replica(s)"]
@@ -102,11 +103,15 @@ def replica_lines(replicas: Sequence[Mapping[str, Any]], url: str, model_name: s
                    f"({lock.get('packages')} packages, sha256 {str(lock.get('sha256'))[:16]})")
     for r in sorted(replicas, key=lambda r: int(r.get("index") or 0)):
         gates = r.get("gates") or {}
+        gpus = ",".join(str(g) for g in r.get("gpu_ids") or [])
+        head = f"replica {r.get('index')}: {r.get('name')} on GPUs {gpus} at {r.get('url')}, "
+        if check_mode:
+            would = {"start": "would start", "roll": "would be drained, restarted and added back"}
+            out.append(head + would.get(str(r.get("would") or ""), "unchanged") + " (check mode)")
+            continue
         did = ("drained, restarted and added back" if r.get("drained") else "unchanged" if not r.get("restarted")
                else "started" if r.get("action") == "start" else "restarted")
-        gpus = ",".join(str(g) for g in r.get("gpu_ids") or [])
-        out.append(f"replica {r.get('index')}: {r.get('name')} on GPUs {gpus} at {r.get('url')}, {did}; "
-                   f"gates {gates.get('state') or '?'} ({gates.get('detail') or ''})")
+        out.append(head + f"{did}; gates {gates.get('state') or '?'} ({gates.get('detail') or ''})")
     return out
 
 
@@ -120,6 +125,6 @@ def lines(*, host: str, groups: Sequence[str], check_mode: bool, state: Mapping[
     out: list[str | None] = [host_line(host, groups, check_mode), *gpu_lines(state), *proxmox_lines(proxmox),
                              plan_line(plan), training_line(training, training_record_path, check_mode),
                              models_line(models, model_root, synced_this_run), engine_line(engine, check_mode),
-                             *(replica_lines(replicas, url, model_name, gateway_unit, gateway) if replicas
+                             *(replica_lines(replicas, url, model_name, gateway_unit, gateway, check_mode) if replicas
                                else serving_lines(record, url, model_name, unit))]
     return [line for line in out if line]

@@ -30,8 +30,8 @@ def dflash_serving_problems(state: dict[str, Any], host: str, plan: dict[str, An
     settings = (plan.get("gateway") or {}).get("settings") or {}
     return preflight.serving_problems(host, state, int(plan["tp_size"]), int(port), unit,
                                       str((plan.get("serve") or {}).get("host") or ""), replicas, gateway_unit,
-                                      [settings["prometheus_port"]] if replicas and "prometheus_port" in settings
-                                      else [])
+                                      [(int(settings["prometheus_port"]), str(settings.get("prometheus_host") or ""))]
+                                      if replicas and "prometheus_port" in settings else [])
 
 
 class FilterModule:

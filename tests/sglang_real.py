@@ -32,7 +32,7 @@ def launcher(version: str) -> Path:
     if not path.is_file():
         raise ParserEnvMissing(
             f"expected the SGLang {version} parser environment at {path}, found nothing; "
-            f"build it with {ENV_SCRIPT.relative_to(REPO)} (make sglang-parser-env)"
+            f"build it with {ENV_SCRIPT.relative_to(REPO)} (make sglang-env)"
         )
     return path
 

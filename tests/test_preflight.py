@@ -65,13 +65,23 @@ def test_behind_the_gateway_each_port_belongs_to_its_own_unit() -> None:
                        "30002": [listener(7, "sglang-qwen-r0.service", "127.0.0.1:30002")],
                        "29000": [listener(8, "smg-gateway.service", "127.0.0.1:29000")]}}
     [wrong] = preflight.serving_problems("ct200", state, 1, 30000, "sglang-qwen.service", "0.0.0.0", replicas,
-                                         "smg-gateway.service", [29000])
+                                         "smg-gateway.service", [(29000, "127.0.0.1")])
     assert wrong.startswith("ct200: port 30002 is held by python (pid 7, unit sglang-qwen-r0.service") and \
         "not the engine service this deploy manages (sglang-qwen-r1.service)" in wrong
     stranger = {"ports": {"30000": [listener(9, "nginx.service", "0.0.0.0:30000")]}}
     [taken] = preflight.serving_problems("ct200", stranger, 1, 30000, "sglang-qwen.service", "0.0.0.0", replicas,
-                                         "smg-gateway.service", [29000])
+                                         "smg-gateway.service", [(29000, "127.0.0.1")])
     assert "not a service this deploy runs there (smg-gateway.service, sglang-qwen.service)" in taken
+    # The metrics port: another host's gateway on its own address of a shared network is not in the way (two labs
+    # of one machine), a stranger on the gateway's address is, and the way out names the setting.
+    other = {"ports": {"29000": [{"pid": None, "process": None, "unit": "", "local": "127.1.200.1:29000"}]}}
+    assert preflight.serving_problems("ct200", other, 1, 30000, "sglang-qwen.service", "0.0.0.0", replicas,
+                                      "smg-gateway.service", [(29000, "127.0.0.1")]) == []
+    metrics = {"ports": {"29000": [listener(11, "prometheus.service", "127.0.0.1:29000")]}}
+    [held] = preflight.serving_problems("ct200", metrics, 1, 30000, "sglang-qwen.service", "0.0.0.0", replicas,
+                                        "smg-gateway.service", [(29000, "127.0.0.1")])
+    assert "port 29000 is held by python (pid 11, unit prometheus.service" in held
+    assert "choose another dflash_gateway_settings.prometheus_port" in held
     # A one-process plan on a host that serves through the gateway: said as such, with the two ways out.
     routed = {"ports": {"30000": [listener(10, "smg-gateway.service", "0.0.0.0:30000")]}}
     [back] = preflight.serving_problems("ct200", routed, 1, 30000, "sglang-qwen.service", "0.0.0.0", (),

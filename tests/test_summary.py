@@ -101,3 +101,13 @@ def test_behind_the_gateway_each_replica_is_named_with_its_gpus_what_the_run_did
         "replica 2: sglang-qwen-r2.service on GPUs 4,5 at http://127.0.0.1:30003, started; gates ready "
         "(generated 16 tokens)"]
     assert not any(line.startswith("gates:") for line in lines)  # the single engine's lines are not shown
+    # --check: what a run would do to each replica, one line each, and no gate (none ran).
+    would = {0: "roll", 1: "", 2: "start"}
+    planned = [{**r, "would": would[int(r["index"])]} for r in replicas]
+    dry = summary.lines(host="ct200", groups=["pro6000"], check_mode=True,
+                        **inputs(replicas=planned, gateway_unit="smg-gateway.service", gateway=record))
+    assert dry[-3:] == [
+        "replica 0: sglang-qwen-r0.service on GPUs 0,1 at http://127.0.0.1:30001, would be drained, restarted and "
+        "added back (check mode)",
+        "replica 1: sglang-qwen-r1.service on GPUs 2,3 at http://127.0.0.1:30002, unchanged (check mode)",
+        "replica 2: sglang-qwen-r2.service on GPUs 4,5 at http://127.0.0.1:30003, would start (check mode)"]

@@ -1,4 +1,5 @@
-"""deploy_dflash.yml end to end in the lab, through ansible-runner (a fresh private_data_dir per run).
+"""deploy_dflash.yml end to end in the lab, through ansible-runner (a fresh private_data_dir per run): group pro6000
+serves through the SGLang Model Gateway, so ct200 runs the real smg in front of four engine stand-ins (tp 2 each).
 
 Order matters and is the operator's: a dry run on a fresh lab, the deploy, the no-op re-run, the dry run on
 the converged lab, then the fault matrix at deploy level: wrong hardware, a stray server on the engine port,
@@ -32,6 +33,13 @@ if TYPE_CHECKING:
     from tests.lab.conftest import LabHandle
 
 pytestmark = pytest.mark.lab
+
+# ct200's replicas (one engine unit per GPU pair) and the first one's own record: what a one-unit host keeps in
+# /var/lib/dflash-infra/deployment.json, each replica keeps in its own state folder.
+REPLICAS = [f"sglang-qwen-r{i}.service" for i in range(4)]
+R0 = REPLICAS[0]
+R0_RECORD = "/var/lib/dflash-infra/sglang-qwen-r0/deployment.json"
+GATEWAY = "smg-gateway.service"
 
 
 def runner_args(tmp_path: Path, *cmdline: str, extravars: dict | None = None, env: dict | None = None) -> dict:
@@ -77,10 +85,15 @@ def test_deploy_on_a_fresh_lab_passes_every_gate(fresh_lab: LabHandle, tmp_path:
     out = stdout(runner)
     assert runner.rc == 0, out[-5000:]
     ct200 = fresh_lab.addresses["ct200"]
-    assert f"serving: http://{ct200}:30000/v1 (Qwen3.6-27B)" in out
-    record = json.loads(fresh_lab.ssh("ct200", "cat", "/var/lib/dflash-infra/deployment.json").stdout)
+    folded = " ".join(out.split())  # the callback folds long messages
+    assert f"serving: http://{ct200}:30000/v1 (Qwen3.6-27B) through {GATEWAY}, 4 replica(s)" in folded, out[-3000:]
+    for i in range(4):
+        assert (f"replica {i}: sglang-qwen-r{i}.service on GPUs {2 * i},{2 * i + 1} at http://{ct200}:{30001 + i}, "
+                "started; gates ready") in folded, out[-3000:]
+    record = json.loads(fresh_lab.ssh("ct200", "cat", R0_RECORD).stdout)
     assert record["engine"]["version"] == "0.5.23+lab" and record["plan"]["tp_size"] == 2
-    unit = fresh_lab.ssh("ct200", "systemctl", "show", "sglang-qwen", "-p", "ExecStart").stdout
+    assert record["plan"]["gpu_ids"] == [0, 1] and "--dp-size" not in record["args"]
+    unit = fresh_lab.ssh("ct200", "systemctl", "show", R0, "-p", "ExecStart").stdout
     for flag in record["args"]:
         assert flag in unit
     with urllib.request.urlopen(f"http://{ct200}:30000/v1/models", timeout=10) as response:
@@ -93,7 +106,7 @@ def test_deploy_on_a_fresh_lab_passes_every_gate(fresh_lab: LabHandle, tmp_path:
         assert record["models"][role] == {"path": f"/root/models/{name}",
                                           "manifest_sha256": source["manifest_sha256"]}
     # ... and the unit names them too, with the driver it runs on (a change of either restarts the engine).
-    unit_file = fresh_lab.ssh("ct200", "cat", "/etc/systemd/system/sglang-qwen.service").stdout
+    unit_file = fresh_lab.ssh("ct200", "cat", f"/etc/systemd/system/{R0}").stdout
     assert f"manifest {record['models']['target']['manifest_sha256']}" in unit_file
     assert "NVIDIA user space 595.71.05 on kernel module 595.71.05" in unit_file
 
@@ -114,12 +127,12 @@ def test_check_on_the_converged_lab_reports_no_change(fresh_lab: LabHandle, tmp_
 def test_each_stage_alone_agrees_with_the_deploy(fresh_lab: LabHandle, tmp_path: Path, stage: str) -> None:
     # One plan whatever the entry point: after the full deploy, every stage playbook run on its own plans what
     # the deploy planned (from what the host has) and finds nothing to change.
-    before = json.loads(fresh_lab.ssh("ct200", "cat", "/var/lib/dflash-infra/deployment.json").stdout)
+    before = json.loads(fresh_lab.ssh("ct200", "cat", R0_RECORD).stdout)
     runner = ansible_runner.run(**{**runner_args(tmp_path), "playbook": f"playbooks/{stage}.yml"})
     out = stdout(runner)
     assert runner.rc == 0, out[-5000:]
     assert changed(runner) == 0, out[-5000:]
-    after = json.loads(fresh_lab.ssh("ct200", "cat", "/var/lib/dflash-infra/deployment.json").stdout)
+    after = json.loads(fresh_lab.ssh("ct200", "cat", R0_RECORD).stdout)
     assert after == before
 
 
@@ -141,15 +154,17 @@ HAND = "typing_extensions"
 # Drift on a converged host, one thing at a time: the next deploy repairs exactly that and reports changed for
 # exactly the tasks that repair it (a restart follows a changed unit or model: the engine holds them open).
 DRIFTS = {
-    "a byte of the unit": (
-        "sed -i 's/^RestartSec=10$/RestartSec=11/' /etc/systemd/system/sglang-qwen.service && systemctl daemon-reload",
-        ["Create the backup folder of the unit about to be replaced",
+    # One replica's unit: only that replica leaves the gateway, restarts and comes back; the others serve.
+    "a byte of a replica's unit": (
+        f"sed -i 's/^RestartSec=10$/RestartSec=11/' /etc/systemd/system/{R0} && systemctl daemon-reload",
+        [f"Take the replica out of the gateway (its requests finish first), {R0}",
+         "Create the backup folder of the unit about to be replaced",
          "Back up the unit and environment file that are about to be replaced",
-         "Write the unit, validated with systemd-analyze verify, sglang-qwen.service",
+         f"Write the unit, validated with systemd-analyze verify, {R0}",
          "Restart the engine now when the unit or its inputs changed",
          "Create the snapshot folder of this deployment",
          "Snapshot the unit and environment file that passed the gates", "Point last-good at that snapshot",
-         "Write the deployment record"]),
+         "Write the deployment record", f"Put the replica back into the gateway, {R0}"]),
     "a package hold": ("apt-mark unhold libnvidia-compute-595 >/dev/null",
                        ["Hold every package of the user-space set (installing clears holds)"]),
     "the pin file": ("echo '# drift' >> /etc/apt/preferences.d/dflash-nvidia-userspace.pref",
@@ -162,6 +177,11 @@ DRIFTS = {
     "a package pip-installed into the engine's venv": (
         f"cd /tmp/{HAND} && /opt/sglang/venv/bin/pip install -q --no-index ./*.whl",
         ["Remove the distributions the lock does not list"]),
+    # A package of the gateway's lock removed by hand: put back from the lock (hashes required), no restart.
+    "a package uninstalled from the gateway's venv": (
+        "/opt/smg/venv/bin/python -m pip uninstall -q -y setproctitle",
+        ["Put the lock on the host for pip", "Install the locked distributions, hashes required",
+         "Keep the lock the venv now holds (the one pip installed from)"]),
 }
 
 
@@ -179,6 +199,9 @@ def test_drift_on_a_converged_host_is_repaired_exactly(fresh_lab: LabHandle, tmp
     assert runner.rc == 0, out[-5000:]
     repaired = changed_tasks(runner)
     assert repaired == repairs, f"changed: {repaired}\n{out[-3000:]}"
+    if "gateway" in drift:
+        assert "+ setproctitle 1.3.8 (missing)" in out, out[-3000:]
+        assert "setproctitle" in fresh_lab.ssh("ct200", "/opt/smg/venv/bin/python", "-m", "pip", "list").stdout
     if hand:  # reported by name and version, and gone
         assert f"- typing-extensions {hand.name.split('-')[1]} (not in the lock)" in out, out[-3000:]
         left = fresh_lab.ssh("ct200", "/opt/sglang/venv/bin/python", "-m", "pip", "list", "--format=freeze")
@@ -189,7 +212,7 @@ def test_after_the_drifts_the_host_is_converged(fresh_lab: LabHandle, tmp_path: 
     runner = deploy(tmp_path)
     assert runner.rc == 0 and changed(runner) == 0, stdout(runner)[-5000:]
     # The record names the lock the engine's venv holds, and the host keeps that very lock.
-    record = json.loads(fresh_lab.ssh("ct200", "cat", "/var/lib/dflash-infra/deployment.json").stdout)
+    record = json.loads(fresh_lab.ssh("ct200", "cat", R0_RECORD).stdout)
     lock = ROOT / "locks" / record["engine"]["lock"]["file"]
     assert record["engine"]["lock"]["sha256"] == hashlib.sha256(lock.read_bytes()).hexdigest()
     assert record["engine"]["packages"] == {"sglang": "0.5.23+lab"}
@@ -231,18 +254,19 @@ def test_stop_serving_hands_the_gpus_back_for_training_and_the_next_deploy_serve
     def play(name: str) -> ansible_runner.Runner:
         return ansible_runner.run(**{**runner_args(tmp_path), "playbook": f"playbooks/{name}.yml"})
 
-    def unit(*verb: str) -> str:
-        return fresh_lab.ssh("ct200", "systemctl", *verb, "sglang-qwen.service").stdout.strip()
+    def states() -> dict[str, tuple[str, str]]:
+        return {u: (fresh_lab.ssh("ct200", "systemctl", "is-active", u).stdout.strip(),
+                    fresh_lab.ssh("ct200", "systemctl", "is-enabled", u).stdout.strip()) for u in [GATEWAY, *REPLICAS]}
 
     refused = play("resume_training")
     out = stdout(refused)
-    assert refused.rc != 0 and "held by sglang-qwen.service (pids " in out, out[-3000:]
-    assert "Stop the holder first (ansible-playbook playbooks/stop_serving.yml -l ct200)" in out, out[-3000:]
+    assert refused.rc != 0 and f"held by {R0} (pids " in out, out[-3000:]
+    assert "Stop the holder first (ansible-playbook playbooks/stop_serving.yml -l ct200)," in out, out[-3000:]
     stopped = play("stop_serving")
-    assert stopped.rc == 0 and changed(stopped) == 2, stdout(stopped)[-3000:]
-    assert (unit("is-active"), unit("is-enabled")) == ("inactive", "disabled")
+    assert stopped.rc == 0, stdout(stopped)[-3000:]
+    assert set(states().values()) == {("inactive", "disabled")}, states()
     record = json.loads(fresh_lab.ssh("ct200", "cat", "/var/lib/dflash-infra/stopped-serving.json").stdout)
-    assert record["unit"] == "sglang-qwen.service" and record["by"] == "playbooks/stop_serving.yml"
+    assert record["units"] == [GATEWAY, *REPLICAS] and record["by"] == "playbooks/stop_serving.yml"
     again = play("stop_serving")
     assert again.rc == 0 and changed(again) == 0, stdout(again)[-3000:]
     resumed = play("resume_training")
@@ -253,66 +277,10 @@ def test_stop_serving_hands_the_gpus_back_for_training_and_the_next_deploy_serve
     assert served.rc == 0, stdout(served)[-5000:]
     assert "Stop the training job and wait until the GPUs the plan needs are free" in repaired, repaired
     assert "Forget that playbooks/stop_serving.yml stopped the engine (it serves again)" in repaired, repaired
-    assert (unit("is-active"), unit("is-enabled")) == ("active", "enabled")
+    assert set(states().values()) == {("active", "enabled")}, states()
     assert fresh_lab.ssh("ct200", "test", "!", "-e", "/var/lib/dflash-infra/stopped-serving.json").returncode == 0
     converged = deploy(tmp_path)
     assert converged.rc == 0 and changed(converged) == 0, stdout(converged)[-3000:]
-
-
-GATEWAY_KEY, GATEWAY_PORT = "lab-gateway-key-not-a-secret-7d2f", 30100
-
-
-def test_the_gateway_installs_from_its_lock_fronts_the_engine_and_keeps_its_keys_out_of_sight(
-        fresh_lab: LabHandle, tmp_path: Path) -> None:
-    """The real smg from its lab lock (hashes required) in front of the deployed engine: a client needs the key, the
-    control plane its own; neither key is in the unit, in `ps`, in the journal or in the play's output."""
-    args = {**runner_args(tmp_path), "playbook": "tests/lab/playbooks/gateway.yml", "limit": "ct200",
-            "extravars": {"dflash_service_api_key": GATEWAY_KEY, "gateway_test_port": GATEWAY_PORT}}
-    first = ansible_runner.run(**args)
-    out = stdout(first)
-    try:
-        assert first.rc == 0 and changed(first) > 0, out[-5000:]
-        assert "/opt/smg/venv does not exist yet -> smg==1.13.0 (7 locked packages" in out, out[-3000:]
-        assert "ct200: smg-gateway.service: /health 200; 1 worker(s) ready" in out, out[-3000:]
-        freeze = fresh_lab.ssh("ct200", "/opt/smg/venv/bin/python", "-m", "pip", "list", "--format=freeze").stdout
-        lock = locks.parse((ROOT / "locks" / "smg-1.13.0-py3.11-x86_64-manylinux_2_34.txt").read_text())
-        installed = dict(line.split("==") for line in freeze.split())
-        assert locks.compare(installed, lock) == {"missing": [], "changed": [], "extra": []}, freeze
-        again = ansible_runner.run(**{**args, "private_data_dir": runner_args(tmp_path)["private_data_dir"]})
-        assert again.rc == 0 and changed(again) == 0, stdout(again)[-3000:]
-
-        url = f"http://{fresh_lab.addresses['ct200']}:{GATEWAY_PORT}"
-        body = json.dumps({"model": "Qwen3.6-27B", "messages": [{"role": "user", "content": "hi"}],
-                           "max_tokens": 8}).encode()
-
-        def call(path: str, key: str = "", data: bytes | None = None) -> int:
-            request = urllib.request.Request(url + path, data=data, headers={"Content-Type": "application/json"})
-            if key:
-                request.add_header("Authorization", f"Bearer {key}")
-            try:
-                with urllib.request.urlopen(request, timeout=10) as response:
-                    return int(response.status)
-            except urllib.error.HTTPError as exc:
-                return int(exc.code)
-
-        assert call("/v1/chat/completions", GATEWAY_KEY, body) == 200
-        assert call("/v1/chat/completions", "", body) == 401
-        assert call("/generate", "", json.dumps({"text": "hi"}).encode()) == 401
-        assert call("/workers") == 401 and call("/workers", GATEWAY_KEY) == 401  # the control plane has its own key
-        control = fresh_lab.ssh("ct200", "cat", "/etc/dflash-infra/smg-gateway/control-plane-key").stdout.strip()
-        assert len(control) >= 40 and call("/workers", control) == 200
-        modes = fresh_lab.ssh("ct200", "stat -c '%a %U' /etc/dflash-infra/smg-gateway /etc/dflash-infra/smg-gateway/"
-                              "api-key /etc/dflash-infra/smg-gateway/control-plane-key").stdout.split("\n")
-        assert [m for m in modes if m] == ["700 root", "600 root", "600 root"], modes
-        seen = {"unit": fresh_lab.ssh("ct200", "systemctl", "cat", "smg-gateway.service").stdout,
-                "ps": fresh_lab.ssh("ct200", "ps", "-ww", "-eo", "user,args").stdout,
-                "journal": fresh_lab.ssh("ct200", "journalctl", "-u", "smg-gateway.service", "--no-pager").stdout,
-                "play": out + stdout(again)}
-        assert "smg::router" in seen["ps"] and "LoadCredential=control-plane-key:" in seen["unit"]
-        for where, text in seen.items():
-            assert GATEWAY_KEY not in text and control not in text, f"a key is in the {where}"
-    finally:
-        fresh_lab.ssh("ct200", "systemctl", "disable", "--now", "smg-gateway.service")
 
 
 def test_wrong_hardware_is_refused_before_any_change(fresh_lab: LabHandle, tmp_path: Path) -> None:
@@ -329,7 +297,7 @@ def test_wrong_hardware_is_refused_before_any_change(fresh_lab: LabHandle, tmp_p
 
 def test_an_unmanaged_server_on_the_engine_port_is_refused(fresh_lab: LabHandle, tmp_path: Path) -> None:
     # The duplicate-server mistake: something else listens where the engine must.
-    fresh_lab.ssh("ct200", "systemctl", "stop", "sglang-qwen.service")
+    fresh_lab.ssh("ct200", "systemctl", "stop", GATEWAY)
     server = fresh_lab.ssh("ct200", "systemd-run", "--unit=stray-server", "python3", "-m", "http.server",
                            "30000", "--bind", fresh_lab.addresses["ct200"])
     assert server.returncode == 0, server.stderr
@@ -337,10 +305,11 @@ def test_an_unmanaged_server_on_the_engine_port_is_refused(fresh_lab: LabHandle,
         runner = deploy(tmp_path, "--tags", "plan")
         out = stdout(runner)
         assert runner.rc != 0
-        assert "port 30000 is held by python3" in out and "not the engine service this deploy manages" in out
+        assert "port 30000 is held by python3" in out, out[-3000:]
+        assert "which is not a service this deploy runs there (smg-gateway.service, sglang-qwen.service)" in out
     finally:
         fresh_lab.ssh("ct200", "systemctl", "stop", "stray-server")
-        fresh_lab.ssh("ct200", "systemctl", "start", "sglang-qwen.service")
+        fresh_lab.ssh("ct200", "systemctl", "start", GATEWAY)
 
 
 def set_kernel_module(lab: LabHandle, version: str) -> None:
@@ -407,6 +376,65 @@ def test_a_rerun_through_the_proxmox_node_checks_the_container_and_changes_nothi
     assert fresh_lab.pve_token()["value"] not in out
 
 
+GATEWAY_KEY = "lab-gateway-key-not-a-secret-7d2f"
+
+
+def test_an_api_key_rolls_through_the_replicas_and_the_gateway_and_stays_out_of_sight(
+        fresh_lab: LabHandle, tmp_path: Path) -> None:
+    """The endpoint's key (ansible-vault in production) given to a converged host: each replica takes it in turn
+    (drained, restarted, added back through the control plane, which has its own key), then the gateway. A client
+    needs the key, the control plane its own; neither key is in a unit, in `ps`, in the journal or in the play's
+    output."""
+    keyed = {"dflash_service_api_key": GATEWAY_KEY}
+    first = deploy(tmp_path, extravars=keyed)
+    out = stdout(first)
+    assert first.rc == 0, out[-5000:]
+    assert " ".join(out.split()).count("drained, restarted and added back") == 4, out[-3000:]
+    again = deploy(tmp_path, extravars=keyed)
+    assert again.rc == 0 and changed(again) == 0, stdout(again)[-3000:]
+    # The gateway from its lab lock, exactly.
+    freeze = fresh_lab.ssh("ct200", "/opt/smg/venv/bin/python", "-m", "pip", "list", "--format=freeze").stdout
+    lock = locks.parse((ROOT / "locks" / "smg-1.13.0-py3.11-x86_64-manylinux_2_34.txt").read_text())
+    installed = dict(line.split("==") for line in freeze.split())
+    assert locks.compare(installed, lock) == {"missing": [], "changed": [], "extra": []}, freeze
+
+    url = f"http://{fresh_lab.addresses['ct200']}:30000"
+    body = json.dumps({"model": "Qwen3.6-27B", "messages": [{"role": "user", "content": "hi"}],
+                       "max_tokens": 8}).encode()
+
+    def call(path: str, key: str = "", data: bytes | None = None, base: str = url) -> int:
+        request = urllib.request.Request(base + path, data=data, headers={"Content-Type": "application/json"})
+        if key:
+            request.add_header("Authorization", f"Bearer {key}")
+        try:
+            with urllib.request.urlopen(request, timeout=10) as response:
+                return int(response.status)
+        except urllib.error.HTTPError as exc:
+            return int(exc.code)
+
+    assert call("/v1/chat/completions", GATEWAY_KEY, body) == 200
+    assert call("/v1/chat/completions", "", body) == 401
+    assert call("/generate", "", json.dumps({"text": "hi"}).encode()) == 401
+    # A replica holds the same key (the gateway sends it to its workers): no way around the gateway without it.
+    replica = f"http://{fresh_lab.addresses['ct200']}:30001"
+    assert call("/v1/chat/completions", "", body, replica) == 401
+    assert call("/v1/chat/completions", GATEWAY_KEY, body, replica) == 200
+    assert call("/workers") == 401 and call("/workers", GATEWAY_KEY) == 401  # the control plane has its own key
+    control = fresh_lab.ssh("ct200", "cat", "/etc/dflash-infra/smg-gateway/control-plane-key").stdout.strip()
+    assert len(control) >= 40 and call("/workers", control) == 200
+    modes = fresh_lab.ssh("ct200", "stat -c '%a %U' /etc/dflash-infra/smg-gateway /etc/dflash-infra/smg-gateway/"
+                          "api-key /etc/dflash-infra/smg-gateway/control-plane-key").stdout.split("\n")
+    assert [m for m in modes if m] == ["700 root", "600 root", "600 root"], modes
+    seen = {"units": fresh_lab.ssh("ct200", "systemctl", "cat", GATEWAY, *REPLICAS).stdout,
+            "ps": fresh_lab.ssh("ct200", "ps", "-ww", "-eo", "user,args").stdout,
+            "journal": fresh_lab.ssh("ct200", "journalctl", "-u", GATEWAY, *[f"-u{u}" for u in REPLICAS],
+                                     "--no-pager").stdout,
+            "play": out + stdout(again)}
+    assert "smg::router" in seen["ps"] and "LoadCredential=control-plane-key:" in seen["units"]
+    for where, text in seen.items():
+        assert GATEWAY_KEY not in text and control not in text, f"a key is in the {where}"
+
+
 def test_a_container_stopped_mid_run_converges_on_the_next_run(fresh_lab: LabHandle, tmp_path: Path) -> None:
     # A new plan (another memory fraction) means a new unit and an engine restart; ct200 powers off while the
     # engine is starting with it.
@@ -430,7 +458,7 @@ def test_a_container_stopped_mid_run_converges_on_the_next_run(fresh_lab: LabHan
     again = deploy(tmp_path, extravars=new_plan)
     out = stdout(again)
     assert again.rc == 0, out[-5000:]
-    record = json.loads(fresh_lab.ssh("ct200", "cat", "/var/lib/dflash-infra/deployment.json").stdout)
+    record = json.loads(fresh_lab.ssh("ct200", "cat", R0_RECORD).stdout)
     assert record["plan"]["mem_fraction_static"] == 0.75
     assert "--mem-fraction-static" in record["args"] and "0.75" in record["args"]
     assert record["gates"]["state"] == "ready", record["gates"]

@@ -499,6 +499,28 @@ def test_tp1_on_a_48gb_card_dies_of_cuda_oom_while_loading(venv_python: Path, pl
                      r"GPU 0 has a total capacity of 47\.99 GiB", text, re.M)
 
 
+def test_an_api_key_guards_every_route_but_health_as_the_engine_middleware_does(
+        venv_python: Path, planner_argv: list[str], tmp_path: Path, gpu_profile: Path) -> None:
+    # SGLang 0.5.23 srt/utils/auth.py: with --api-key, /health*, /ready* and /metrics* stay open (probes), every
+    # other route (unknown ones too: the middleware runs before routing) needs `Bearer <key>`, else 401.
+    key = "lab-standin-key-not-a-secret-41"
+    proc = start(venv_python, [*planner_argv, "--api-key", key], tmp_path, gpu_profile)
+    try:
+        wait_ready(proc)
+        chat = {"model": "Qwen3.6-27B", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+        assert call(proc.url("/health"))[0] == 200 and call(proc.url("/ready"))[0] == 200
+        assert call(proc.url("/v1/models")) == (401, {"error": "Unauthorized"})
+        assert call(proc.url("/v1/chat/completions"), "", chat) == (401, {"error": "Unauthorized"})
+        assert call(proc.url("/v1/chat/completions"), "not-the-key", chat)[0] == 401
+        assert call(proc.url("/no-such-route"))[0] == 401
+        assert call(proc.url("/v1/models"), key)[0] == 200
+        status, answer = call(proc.url("/v1/chat/completions"), key, chat)
+        assert status == 200 and answer["usage"]["completion_tokens"] == 4, answer
+        assert call(proc.url("/no-such-route"), key)[0] == 404
+    finally:
+        assert stop(proc) == 0
+
+
 def test_hang_never_becomes_ready(venv_python: Path, planner_argv: list[str], tmp_path: Path,
                                   gpu_profile: Path) -> None:
     proc = start(venv_python, planner_argv, tmp_path, gpu_profile, {"SGLANG_STANDIN_HANG": "1"})
@@ -672,16 +694,15 @@ class Routed:
     engines: list[Proc]
 
 
-@pytest.fixture(scope="module")
-def routed(venv_python: Path, smg_python: Path, planner_argv: list[str], gpu_profile: Path,
-           tmp_path_factory: pytest.TempPathFactory) -> Iterator[Routed]:
+def start_gateway(smg_python: Path, tmp: Path, workers: int) -> tuple[dict[str, Any], Path, Path,
+                                                                     subprocess.Popen[bytes]]:
+    """The real gateway started by smg-launch for `workers` workers on consecutive free ports, its keys as
+    credentials: (its checked section, the credentials folder, its log, its process)."""
     from dflash_infra.planning import gateway
 
-    tmp = tmp_path_factory.mktemp("routed")
-    base = consecutive_free_ports(2)
-    engines = [start(venv_python, planner_argv, tmp, gpu_profile, port=base + i) for i in range(2)]
-    section = gateway.checked_section({"worker_base_port": base, "prometheus_port": free_port()},
-                                      {"host": "127.0.0.1", "port": free_port()}, 2)
+    section = gateway.checked_section({"worker_base_port": consecutive_free_ports(workers),
+                                       "prometheus_port": free_port()}, {"host": "127.0.0.1", "port": free_port()},
+                                      workers)
     credentials = tmp / "credentials"
     credentials.mkdir(mode=0o700)
     (credentials / "api-key").write_text(DATA_KEY + "\n")
@@ -692,6 +713,16 @@ def routed(venv_python: Path, smg_python: Path, planner_argv: list[str], gpu_pro
     with log.open("wb") as fh:
         popen = subprocess.Popen([str(smg_python), str(GATEWAY_FILES / "smg-launch"), *section["args"]], stdout=fh,
                                  stderr=subprocess.STDOUT, env={**env, "CREDENTIALS_DIRECTORY": str(credentials)})
+    return section, credentials, log, popen
+
+
+@pytest.fixture(scope="module")
+def routed(venv_python: Path, smg_python: Path, planner_argv: list[str], gpu_profile: Path,
+           tmp_path_factory: pytest.TempPathFactory) -> Iterator[Routed]:
+    tmp = tmp_path_factory.mktemp("routed")
+    section, credentials, log, popen = start_gateway(smg_python, tmp, 2)
+    engines = [start(venv_python, planner_argv, tmp, gpu_profile, port=section["settings"]["worker_base_port"] + i)
+               for i in range(2)]
     url = f"http://127.0.0.1:{section['port']}"
     for engine in engines:
         wait_ready(engine)
@@ -751,6 +782,44 @@ def test_a_worker_is_drained_out_and_added_back_through_the_control_plane(routed
     assert rc == 0 and added["changed"] is True and added["detail"] == f"{first} is ready behind {routed.url}"
     assert ctl(routed.url, routed.credentials, "add", "--worker", first)[1]["changed"] is False
     assert ctl(routed.url, routed.credentials, "ready", "--workers", *routed.workers)[0] == 0
+
+
+@pytest.mark.smg_parser
+def test_adding_a_worker_the_gateway_is_still_creating_waits_for_it_and_changes_nothing(
+        venv_python: Path, smg_python: Path, planner_argv: list[str], gpu_profile: Path, tmp_path: Path) -> None:
+    # A rebooted host: the gateway starts before its replica, and keeps creating the worker of its command line
+    # until it answers (POST /workers of that URL: 409 WORKER_CREATE_IN_PROGRESS). The deploy's add waits for it.
+    # The replica holds the endpoint's key: taken out and added back, it is reached only when the add carries its
+    # key (from its environment file), as smg warns ("Adding worker ... without API key while router has API key").
+    section, credentials, log, popen = start_gateway(smg_python, tmp_path, 1)
+    url, worker = f"http://127.0.0.1:{section['port']}", section["workers"][0]
+    engine = None
+    try:
+        while ctl(url, credentials, "workers")[0] != 0:  # until the gateway answers its control plane
+            assert popen.poll() is None, log.read_text()[-3000:]
+        status, body = call(url + "/workers", CONTROL_KEY, {"url": worker})
+        assert status == 409 and body["code"] == "WORKER_CREATE_IN_PROGRESS", (status, body)
+        adding = subprocess.Popen([sys.executable, str(GATEWAY_FILES / "smg-ctl"), "--url", url, "--credentials",
+                                   str(credentials), "add", "--worker", worker, "--wait", "120"],
+                                  stdout=subprocess.PIPE, text=True)
+        engine = start(venv_python, [*planner_argv, "--api-key", DATA_KEY], tmp_path, gpu_profile,
+                       port=section["settings"]["worker_base_port"])
+        out = json.loads(adding.communicate(timeout=180)[0])
+        assert adding.returncode == 0 and out == {"state": "done", "changed": False,
+                                                  "detail": f"{worker} is ready behind {url}"}, out
+        assert ctl(url, credentials, "drain", "--worker", worker)[1]["changed"] is True
+        rc, keyless = ctl(url, credentials, "add", "--worker", worker, "--wait", "5")
+        assert rc == 1 and keyless["detail"] == f"add: still waiting at the deadline: {worker} is not listed yet"
+        assert ctl(url, credentials, "drain", "--worker", worker)[0] == 0  # the failed registration, if listed
+        env_file = tmp_path / "engine.env"
+        env_file.write_text(f"# the engine's secrets\nSGLANG_API_KEY={DATA_KEY}\n")
+        rc, keyed = ctl(url, credentials, "add", "--worker", worker, "--env-file", str(env_file))
+        assert rc == 0 and keyed == {"state": "done", "changed": True, "detail": f"{worker} is ready behind {url}"}
+    finally:
+        popen.terminate()
+        popen.wait(timeout=30)
+        if engine:
+            stop(engine)
 
 
 @pytest.mark.smg_parser

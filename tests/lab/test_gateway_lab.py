@@ -1,12 +1,12 @@
-"""Serving through the real SGLang Model Gateway in the lab: deploy_dflash.yml with dflash_serve_through_gateway on
-ct200 (four engine stand-ins of tp 2, one per GPU pair, behind smg 1.13.0 from its lab lock), under load from a
-real load client (Locust, headless, tools/locustfile.py and tools/load.py; bounded by users and a SIGTERM when
-the play ends, loopback only).
+"""Serving through the real SGLang Model Gateway in the lab: deploy_dflash.yml on ct200, whose group pro6000 serves
+through the gateway (dflash_serve_through_gateway): four engine stand-ins of tp 2, one per GPU pair, behind smg
+1.13.0 from its lab lock, under load from a real load client (Locust, headless, tools/locustfile.py and
+tools/load.py; bounded by users and a SIGTERM when the play ends, loopback only).
 
 Order is the operator's: the single-process deploy migrated by the first gateway deploy, the no-op re-run and a
 dry run of a changed plan, a rolling redeploy of a changed plan under load, a replica failing its gates mid-rollout
-under load, one replica SIGKILLed under load, a changed gateway setting (its restart is the one outage), and the
-user's way back to training.
+under load, one replica SIGKILLed under load, a changed gateway setting (its restart is the one outage). The user's
+way back to training (stop_serving.yml, resume) and the keys are tests/lab/test_deploy.py's, on the same topology.
 """
 
 from __future__ import annotations
@@ -17,7 +17,6 @@ import re
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -35,7 +34,8 @@ if TYPE_CHECKING:
 pytestmark = pytest.mark.lab
 
 REPLICAS = [f"sglang-qwen-r{i}.service" for i in range(4)]
-ROUTED = {"dflash_serve_through_gateway": True}
+# The deploy as it was before the group served through the gateway: one --dp-size engine process on the endpoint.
+SINGLE = {"dflash_serve_through_gateway": False}
 
 
 def play(name: str, *args: str, extra: dict[str, Any] | None = None) -> subprocess.CompletedProcess[str]:
@@ -55,17 +55,15 @@ FIRST: dict[str, subprocess.CompletedProcess[str]] = {}
 
 
 @pytest.fixture(scope="module")
-def routed(lab: LabHandle) -> Iterator[LabHandle]:
-    """ct200 as the current deploy leaves it (one --dp-size engine on the endpoint), then the first gateway deploy;
-    afterwards the replicas and the gateway are stopped and disabled, and the single-process unit serves again (what
-    the other lab tests expect of ct200)."""
-    single = play("deploy_dflash.yml")
+def routed(lab: LabHandle) -> LabHandle:
+    """ct200 as the deploy left it before its group served through the gateway (one --dp-size engine process on the
+    endpoint), then the first gateway deploy."""
+    lab.cli_ok("reset", "ct200")
+    single = play("deploy_dflash.yml", extra=SINGLE)
     assert single.returncode == 0, single.stdout[-5000:]
     assert lab.ssh("ct200", "systemctl", "is-active", "sglang-qwen.service").stdout.strip() == "active"
-    FIRST["deploy"] = play("deploy_dflash.yml", extra=ROUTED)
-    yield lab
-    lab.ssh("ct200", "systemctl", "disable", "--now", "smg-gateway.service", *REPLICAS)
-    lab.ssh("ct200", "systemctl", "enable", "--now", "sglang-qwen.service")
+    FIRST["deploy"] = play("deploy_dflash.yml")
+    return lab
 
 
 def unit_state(lab: LabHandle, unit: str) -> tuple[str, str]:
@@ -111,23 +109,26 @@ def test_the_first_gateway_deploy_migrates_the_single_process_unit_and_serves_ev
 
 def test_a_second_run_changes_nothing_and_check_lists_the_replicas_a_changed_plan_would_restart(
         routed: LabHandle) -> None:
-    again = play("deploy_dflash.yml", extra=ROUTED)
+    again = play("deploy_dflash.yml")
     assert again.returncode == 0 and recap(again)["changed"] == 0, again.stdout[-3000:]
     before = routed.changeable_state()
     dry = play("deploy_dflash.yml", "--check", "--diff",
-               extra={**ROUTED, "dflash_plan_overrides": {"max_running_requests": 24}})
+               extra={"dflash_plan_overrides": {"max_running_requests": 24}})
     assert dry.returncode == 0, dry.stdout[-5000:]
     for unit in REPLICAS:  # each replica's unit would change: its diff is shown, and its drain is skipped
         assert re.search(rf"TASK \[sglang_service : Write the unit, validated with systemd-analyze verify, "
                          rf"{re.escape(unit)}\][^\n]*\n(?:(?!TASK).*\n)*?\+\s+--max-running-requests 24", dry.stdout), \
             dry.stdout[-5000:]
     assert "check mode: nothing was changed" in dry.stdout
+    # ... and the summary lists, one line each, what the run would do to every replica.
+    assert " ".join(dry.stdout.split()).count("would be drained, restarted and added back (check mode)") == 4, \
+        dry.stdout[-3000:]
     assert routed.changeable_state() == before
 
 
 def test_a_rolling_redeploy_of_a_changed_plan_under_load_fails_no_request(routed: LabHandle, tmp_path: Path) -> None:
     load = Load(f"http://{routed.addresses['ct200']}:30000", tmp_path / "load")
-    result = play("deploy_dflash.yml", extra={**ROUTED, "dflash_plan_overrides": {"max_running_requests": 24}})
+    result = play("deploy_dflash.yml", extra={"dflash_plan_overrides": {"max_running_requests": 24}})
     figures = load.stop()
     assert result.returncode == 0, result.stdout[-5000:]
     for i in range(4):
@@ -144,7 +145,7 @@ def test_a_replica_failing_its_gates_mid_rollout_is_rolled_back_alone_and_the_en
     before = {u: routed.ssh("ct200", "systemctl", "cat", u).stdout for u in REPLICAS}
     load = Load(f"http://{routed.addresses['ct200']}:30000", tmp_path / "load")
     crash = {"SGLANG_STANDIN_CRASH_AT_START": "1"}
-    result = play("deploy_dflash.yml", extra={**ROUTED, "dflash_plan_overrides": {"max_running_requests": 24},
+    result = play("deploy_dflash.yml", extra={"dflash_plan_overrides": {"max_running_requests": 24},
                                               "sglang_service_extra_environment": crash})
     figures = load.stop()
     out = result.stdout
@@ -191,7 +192,7 @@ def test_a_changed_gateway_setting_restarts_only_the_gateway_and_the_outage_is_m
         routed: LabHandle, tmp_path: Path) -> None:
     ct200 = routed.addresses["ct200"]
     settings = {"worker_host": ct200, "prometheus_host": ct200, "retry_max_retries": 5}
-    plan = {**ROUTED, "dflash_plan_overrides": {"max_running_requests": 24}}
+    plan = {"dflash_plan_overrides": {"max_running_requests": 24}}
     assert play("deploy_dflash.yml", extra=plan).returncode == 0  # the replicas as the earlier tests leave them
     load = Load(f"http://{ct200}:30000", tmp_path / "load")
     result = play("deploy_dflash.yml", extra={**plan, "dflash_gateway_settings": settings})
@@ -207,19 +208,3 @@ def test_a_changed_gateway_setting_restarts_only_the_gateway_and_the_outage_is_m
     print(f"\ngateway restart: play says {outage.group(1)} s down; load client {figures['requests']} requests, "
           f"{figures['failed']} failed")
     assert figures["requests"] > 50
-
-
-def test_stop_serving_stops_the_gateway_and_every_replica_and_the_resume_names_them(routed: LabHandle) -> None:
-    refused = play("playbooks/resume_training.yml", extra=ROUTED)
-    assert refused.returncode != 0 and "held by sglang-qwen-r0.service (pids " in refused.stdout, refused.stdout[-3000:]
-    assert "Stop the holder first (ansible-playbook playbooks/stop_serving.yml -l ct200)" in refused.stdout
-    stopped = play("playbooks/stop_serving.yml", extra=ROUTED)
-    assert stopped.returncode == 0, stopped.stdout[-3000:]
-    for unit in ["smg-gateway.service", *REPLICAS]:
-        assert unit_state(routed, unit) == ("inactive", "disabled"), unit
-    record = json.loads(routed.ssh("ct200", "cat", "/var/lib/dflash-infra/stopped-serving.json").stdout)
-    assert record["units"] == ["smg-gateway.service", *REPLICAS]
-    # The next deploy serving again (and forgetting the record) is the same role path as without the gateway
-    # (tests/lab/test_deploy.py); a second stop changes nothing.
-    again = play("playbooks/stop_serving.yml", extra=ROUTED)
-    assert again.returncode == 0 and recap(again)["changed"] == 0, again.stdout[-3000:]

@@ -273,6 +273,7 @@ def serve(args: dict[str, Any], resolved: rules.Resolved, s: memory.Startup, set
         num_draft_tokens=resolved.num_draft_tokens if resolved.algorithm == "DFLASH" else None,
         eos_token_id=rules.text_config(resolved.target_config).get("eos_token_id"),
         fail_generate=_flag(env, "SGLANG_STANDIN_FAIL_GENERATE"), log=log,
+        api_key=args.get("api_key") or None, admin_api_key=args.get("admin_api_key") or None,
     )
     host, port = str(args.get("host") or "127.0.0.1"), int(args.get("port") or 30000)
     try:

@@ -13,6 +13,7 @@ figures are a deterministic function of prompt and block size. Never use this in
 from __future__ import annotations
 
 import hashlib
+import hmac
 import json
 import re
 import threading
@@ -41,6 +42,19 @@ class EngineState:
     fail_generate: bool = False
     ready: threading.Event = field(default_factory=threading.Event)
     log: Any = None
+    # --api-key / --admin-api-key as the engine parsed them (sglang-launch puts them on sys.argv in memory).
+    api_key: str | None = None
+    admin_api_key: str | None = None
+
+
+def authorized(method: str, path: str, authorization: str | None, api_key: str | None) -> bool:
+    """SGLang 0.5.23's decision for its NORMAL endpoints (srt/utils/auth.py decide_request_auth; every route the
+    stand-in serves is one): OPTIONS and /health*, /ready*, /metrics* always; otherwise, when an API key is set,
+    only `Authorization: Bearer <key>` (compared in constant time; the scheme in any case)."""
+    if method == "OPTIONS" or path.startswith(("/health", "/ready", "/metrics")) or not api_key:
+        return True
+    scheme, _, token = (authorization or "").partition(" ")
+    return bool(token) and scheme.lower() == "bearer" and hmac.compare_digest(token, api_key)
 
 
 def count_tokens(text: str) -> int:
@@ -186,8 +200,21 @@ class Handler(BaseHTTPRequestHandler):
         return data
 
     # -- routes -------------------------------------------------------------------------------------
+    def _refused(self, path: str) -> bool:
+        """Answer 401 as SGLang's API-key middleware does (before routing, so unknown paths too) when the request
+        lacks the key; the request's body is read first, so the connection stays usable."""
+        if authorized(self.command, path, self.headers.get("Authorization"), self.state.api_key):
+            return False
+        length = int(self.headers.get("content-length") or 0)
+        if length:
+            self.rfile.read(length)
+        self._send(401, b'{"error":"Unauthorized"}')
+        return True
+
     def do_GET(self) -> None:  # http.server's naming
         path = self.path.split("?", 1)[0]
+        if self._refused(path):
+            return
         ready = self.state.ready.is_set()
         if path in ("/health", "/health_generate", "/ready"):
             self._send(200 if ready else 503, content_type="text/plain")
@@ -210,6 +237,8 @@ class Handler(BaseHTTPRequestHandler):
 
     def do_POST(self) -> None:  # http.server's naming
         path = self.path.split("?", 1)[0]
+        if self._refused(path):
+            return
         if path not in ("/generate", "/v1/chat/completions", "/v1/completions"):
             self._json(404, {"detail": "Not Found"})
             return
