@@ -179,29 +179,48 @@ SERVICE_DIRS = (("libexec_dir", "0755"), ("state_dir", "0755"), ("units_dir", "0
 
 
 def service_todo(state: Mapping[str, Any], paths: Mapping[str, str], unit: str, account: Mapping[str, str],
-                 helper_sha256: Mapping[str, str]) -> dict[str, Any]:
+                 helper_sha256: Mapping[str, str], done: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """What the service role must do besides the unit and its secrets, from host_state: create the group or the
     account (user, group, home; shell nologin), the folders (mode, root-owned), install helpers whose content
-    differs, enable the unit at boot, start it. `any` says whether anything at all is to be done."""
+    differs, enable the unit at boot, start it; `launcher`: the launcher on the host is not this one, so the running
+    engine restarts (its ExecStart runs it; the other helpers are not part of the running engine). `any` says
+    whether anything at all is to be done. `done` (`service_done`) is what an earlier turn of the role in the same
+    run already made: behind the gateway the role takes one turn per replica, and the account, the shared folders
+    and the helpers are made once (each replica still restarts for a new launcher)."""
     from dflash_infra import host_state  # the state's readers; imported here to keep serving free of a cycle
 
+    done = done or {}
     accounts = state.get("accounts") or {}
     group = (accounts.get("groups") or {}).get(account["group"])
     user = (accounts.get("users") or {}).get(account["user"])
     props = (state.get("units") or {}).get(unit) or {}
     todo: dict[str, Any] = {
-        "group": group is None,
-        "user": user is None or user.get("home") != account["home"] or user.get("shell") != "/usr/sbin/nologin"
-        or group is None or user.get("gid") != group.get("gid"),
+        "group": group is None and not done.get("group"),
+        "user": (user is None or user.get("home") != account["home"] or user.get("shell") != "/usr/sbin/nologin"
+                 or group is None or user.get("gid") != group.get("gid")) and not done.get("user"),
         "dirs": [{"path": paths[key], "mode": mode} for key, mode in SERVICE_DIRS
-                 if not host_state.dir_matches(state, paths[key], mode, "root", "root")],
+                 if not host_state.dir_matches(state, paths[key], mode, "root", "root")
+                 and paths[key] not in (done.get("dirs") or [])],
         "helpers": [name for name, sha in helper_sha256.items() if not host_state.file_matches(
-            state, f"{paths['libexec_dir']}/{name}", sha, "0755", "root", "root")],
+            state, f"{paths['libexec_dir']}/{name}", sha, "0755", "root", "root")
+            and f"{paths['libexec_dir']}/{name}" not in (done.get("helpers") or [])],
+        "launcher": not host_state.file_matches(state, f"{paths['libexec_dir']}/{HELPERS[0]}",
+                                                helper_sha256.get(HELPERS[0], ""), "0755", "root", "root"),
         "enable": props.get("UnitFileState") != "enabled",
         "start": props.get("ActiveState") != "active",
     }
     todo["any"] = any(bool(v) for v in todo.values())
     return todo
+
+
+def service_done(done: Mapping[str, Any] | None, todo: Mapping[str, Any], paths: Mapping[str, str]) -> dict[str, Any]:
+    """`done` with what a turn that carried out `todo` made (its account, folders and helpers by path), for the
+    next turn's `service_todo`."""
+    done = done or {}
+    return {"group": bool(done.get("group") or todo.get("group")), "user": bool(done.get("user") or todo.get("user")),
+            "dirs": [*(done.get("dirs") or []), *(d["path"] for d in todo.get("dirs") or [])],
+            "helpers": [*(done.get("helpers") or []),
+                        *(f"{paths['libexec_dir']}/{name}" for name in todo.get("helpers") or [])]}
 
 
 def base_url(serve: Mapping[str, Any]) -> str:
@@ -422,6 +441,7 @@ __all__ = [
     "quoted_lines",
     "record",
     "rolled_back_record",
+    "service_done",
     "service_paths",
     "service_todo",
     "systemd_environment",

@@ -37,6 +37,7 @@ class FilterModule:
             "dflash_engine_status": serving.engine_status,
             "dflash_engine_problems": serving.engine_problems,
             "dflash_service_todo": serving.service_todo,
+            "dflash_service_done": serving.service_done,
             "dflash_serving_paths": serving.service_paths,
             "dflash_serving_exec_start": serving.exec_start_lines,
             "dflash_serving_environment": serving.systemd_environment,

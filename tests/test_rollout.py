@@ -137,3 +137,27 @@ def test_a_replica_runs_from_the_plan_with_its_own_argv_gpus_and_address() -> No
 def test_replicas_out_of_order_or_none_are_refused(replicas: list[dict[str, Any]], message: str) -> None:
     with pytest.raises(rollout.RolloutError, match=re.escape(message)):
         rollout.rollout(host(0), replicas, LEGACY, SLOTS)
+
+
+def test_each_replica_makes_the_shared_parts_once_and_restarts_for_a_new_launcher() -> None:
+    """Behind the gateway the sglang_service role takes one turn per replica in one run, all decided from the
+    host_state read before the first: the account, shared folders and helpers are made by the first turn only,
+    and every replica restarts when the launcher (its ExecStart runs it) is not this one."""
+    from dflash_infra import serving
+
+    slots = rollout.slots("sglang-qwen.service", "/etc/dflash-infra", "/var/lib/dflash-infra",
+                          "/usr/local/lib/dflash-infra", 2)
+    helpers = {"sglang-launch": "a" * 64, "sglang-ready": "b" * 64, "verify-unit": "c" * 64}
+    account = {"user": "sglang", "group": "sglang", "home": "/var/lib/sglang"}
+    fresh: dict[str, object] = {"files": {}, "accounts": {}, "units": {}}
+    first = serving.service_todo(fresh, slots[0], slots[0]["name"], account, helpers)
+    assert first["group"] and first["user"] and first["launcher"]
+    assert first["helpers"] == list(helpers) and "/usr/local/lib/dflash-infra" in [d["path"] for d in first["dirs"]]
+    done = serving.service_done({}, first, slots[0])
+    second = serving.service_todo(fresh, slots[1], slots[1]["name"], account, helpers, done)
+    assert not second["group"] and not second["user"] and second["helpers"] == []
+    # Its own state folders are still to make; the shared helper and secrets folders are not.
+    assert [d["path"] for d in second["dirs"]] == ["/var/lib/dflash-infra/sglang-qwen-r1",
+                                                    "/var/lib/dflash-infra/sglang-qwen-r1/units"]
+    assert second["launcher"]  # a new launcher restarts every replica, whoever copied it
+    assert serving.service_done(done, second, slots[1])["helpers"] == done["helpers"]
