@@ -69,7 +69,8 @@ def _cmd_parse(args: argparse.Namespace) -> int:
 
 
 def _load_figures(path: str) -> list[dict[str, object]]:
-    """The load figures of a deployment record (its `load` list) or of a file holding that list."""
+    """The load figures of a deployment record (`load.figures`, as the load gate records them) or of a file holding
+    that list."""
     text, label = _read(path)
     try:
         data = json.loads(text)
@@ -77,6 +78,8 @@ def _load_figures(path: str) -> list[dict[str, object]]:
         raise parsers.ParseError(label, f"expected a deployment record or a list of load figures (JSON): {exc}") \
             from exc
     rows = data.get("load") if isinstance(data, dict) else data
+    if isinstance(rows, dict):
+        rows = rows.get("figures")
     if not isinstance(rows, list) or not all(isinstance(r, dict) and "concurrency" in r for r in rows):
         raise parsers.ParseError(label, "expected a deployment record with `load` figures (one per concurrency), "
                                         "or a list of them; found none")

@@ -4,6 +4,11 @@ Two data files are the single source: `data/sglang/<version>.json` (every option
 real argument parser, extracted from the wheel) and `data/sglang_settings.yml` (which flag spells
 each planner setting). The planner, the deploy-time capability check and the lab's engine stand-in
 all read them.
+
+A build of a release with unreleased changes has its own table, `data/sglang/<release>+<build>.json`
+(e.g. `0.5.23+ddtree.json`), selected by an engine version with that local part (`0.5.23+ddtree`,
+`0.5.23+ddtree.<commit>`). Such a table may be derived by hand from its release's table, in which case
+it says so in `provenance` until it is extracted from the real build.
 """
 
 from __future__ import annotations
@@ -38,6 +43,24 @@ def release_of(version: str) -> str:
     return ".".join(str(p) for p in parse_version(version)[:3])
 
 
+def table_name(version: str) -> str:
+    """The flag table a version is checked against: '0.5.23+ddtree.g1a2b3c' -> '0.5.23+ddtree' when that
+    build's table exists, else the public release ('0.5.23+lab' -> '0.5.23')."""
+    release = release_of(version)
+    build = str(version).strip().partition("+")[2].split(".")[0]
+    if build and (DATA / "sglang" / f"{release}+{build}.json").is_file():
+        return f"{release}+{build}"
+    return release
+
+
+@cache
+def derived_tables() -> tuple[str, ...]:
+    """Tables of builds (`<release>+<build>.json`) whose release is supported, newest release first."""
+    releases = set(supported_releases())
+    names = [p.stem for p in (DATA / "sglang").glob("*+*.json") if release_of(p.stem) in releases]
+    return tuple(sorted(names, key=lambda n: (parse_version(n), n), reverse=True))
+
+
 @cache
 def supported_releases() -> tuple[str, ...]:
     """Releases with both an extracted flag table and a settings entry, newest first."""
@@ -53,6 +76,7 @@ class FlagTable:
     version: str
     visible: frozenset[str]
     hidden: frozenset[str]
+    provenance: str | None = None  # set when the table was not extracted from the engine's own parser
 
     def accepts(self, flag: str) -> bool:
         return flag in self.visible
@@ -65,17 +89,19 @@ class FlagTable:
 
 @cache
 def flag_table(version: str) -> FlagTable:
-    """The extracted table of a supported release."""
-    release = release_of(version)
-    path = DATA / "sglang" / f"{release}.json"
+    """The table of a supported release, or of a build of it that has its own table (see table_name)."""
+    name = table_name(version)
+    path = DATA / "sglang" / f"{name}.json"
     if not path.is_file():
-        raise KeyError(release)
+        raise KeyError(name)
     data = json.loads(path.read_text())
     visible: set[str] = set()
     hidden: set[str] = set()
     for option in data["options"]:
         (hidden if option.get("help_suppressed") else visible).update(option["option_strings"])
-    return FlagTable(release, frozenset(visible), frozenset(hidden - visible))
+    provenance = data.get("provenance")
+    return FlagTable(name, frozenset(visible), frozenset(hidden - visible),
+                     None if provenance is None else str(provenance))
 
 
 @cache

@@ -21,6 +21,8 @@ Added here (z-lab's client has none): requests/s, failed requests, time to first
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 import statistics
 from collections.abc import Iterable, Mapping, Sequence
@@ -97,11 +99,73 @@ def figures(outcomes: Iterable[Outcome], concurrency: int) -> dict[str, Any]:
     }
 
 
+def run_figures(runs: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """The figures per concurrency of the dflash_load module's `runs` (each request's `answer` holds only where
+    0.5.23 put the speculative fields; read by `spec_figures`)."""
+    out = []
+    for run in runs:
+        outcomes = [Outcome(started=float(o["started"]), finished=float(o["finished"]), ok=bool(o["ok"]),
+                            completion_tokens=int(o.get("completion_tokens") or 0),
+                            spec=spec_figures(o.get("answer") or {}), error=str(o.get("error") or ""))
+                    for o in run.get("outcomes") or [] if o]
+        out.append(figures(outcomes, int(run["concurrency"])))
+    return out
+
+
+def endpoint_concurrency(plan: Mapping[str, Any], levels: Sequence[int] = (1, 4)) -> list[int]:
+    """The concurrencies of an on-demand benchmark of the endpoint: `levels` and the plan's maximum (each engine's
+    max_running_requests times its replicas behind the gateway), ascending, each once."""
+    peak = int(plan.get("max_running_requests") or 1) * max(1, len(plan.get("replicas") or []))
+    return sorted({int(c) for c in levels if 0 < int(c) <= peak} | {peak})
+
+
+def restart_problem(unit: Mapping[str, Any] | None, name: str) -> str:
+    """A problem when the engine restarted during its load run (the dflash_load module's `unit`), else ''."""
+    if not unit or not unit.get("restarted"):
+        return ""
+    before, after = unit.get("before") or {}, unit.get("after") or {}
+    return (f"{name} restarted during the load run (NRestarts {before.get('NRestarts', '?')} -> "
+            f"{after.get('NRestarts', '?')}, now {after.get('ActiveState', '?')}): it crashed under load")
+
+
 @dataclass(frozen=True)
 class Verdict:
     passed: bool
     problems: list[str]
     lines: list[str]
+
+
+def inputs(settings: Mapping[str, Any]) -> dict[str, Any]:
+    """What makes two load runs comparable: the prompts (their sha256), max_tokens, thinking and requests."""
+    prompts = json.dumps(list(settings.get("prompts") or []), sort_keys=True, separators=(",", ":"))
+    return {"prompts_sha256": hashlib.sha256(prompts.encode()).hexdigest(),
+            "prompts": [str(p.get("name", "")) for p in settings.get("prompts") or []],
+            "max_tokens": int(settings["max_tokens"]), "thinking": bool(settings.get("thinking")),
+            "requests": int(settings["requests"])}
+
+
+def verdict(current: Sequence[Mapping[str, Any]], previous_load: Mapping[str, Any] | None,
+            settings: Mapping[str, Any], speculative: bool, restarted: str = "") -> dict[str, Any]:
+    """`gate` as the roles call it. previous_load: the `load` of the deployment record this one replaces (its figures
+    are compared only when it ran the same inputs); settings: dflash_load_gate's; `restarted`: a restart_problem.
+    A dict: passed, problems, lines, and `load`, what the new record keeps (inputs and figures)."""
+    now = inputs(settings)
+    previous = None
+    note = []
+    if previous_load and previous_load.get("figures"):
+        if previous_load.get("inputs") == now:
+            previous = previous_load["figures"]
+        else:
+            note = ["the previous deployment ran other load inputs (prompts, max_tokens, thinking or requests): "
+                    "recorded without comparing"]
+    judged = gate(current, previous, speculative=speculative,
+                  min_accept_length=float(settings["min_accept_length"]),
+                  max_regression=float(settings["max_regression"]),
+                  accept_regression=bool(settings.get("accept_regression")))
+    problems = ([restarted] if restarted else []) + judged.problems
+    lines = [line for line in judged.lines if not (note and line.startswith("first deployment"))] + note
+    return {"passed": not problems, "problems": problems, "lines": lines,
+            "load": {"inputs": now, "figures": list(current)}}
 
 
 def gate(current: Sequence[Mapping[str, Any]], previous: Sequence[Mapping[str, Any]] | None, *,

@@ -101,17 +101,39 @@ class MambaPool:
         return self.state_bytes + self.scratch_bytes
 
 
-def mamba_pool(rest_bytes: float, per_req: int, full_memory_ratio: float, draft_tokens: int,
+def verify_activation_mib(graph_bs: int, verify_tokens: int, chunked_prefill_size: int) -> float:
+    """Activations of the largest verify CUDA graph beyond what the engine's activation reserve covers (MiB).
+
+    The verify graphs run graph_bs x verify_tokens tokens; the engine reserves 1.5 MiB per token for
+    max(chunked_prefill_size, 2048) tokens (memory_hook, 0.5.23), which covers the verify pass unless
+    that is larger.
+    """
+    tokens = graph_bs * verify_tokens
+    return max(tokens - max(chunked_prefill_size, 2048), 0) * 1.5
+
+
+def decode_kv_reserve_tokens(running_requests: int, verify_tokens: int) -> int:
+    """KV slots a decode step keeps free for the running requests.
+
+    SGLang 0.5.23 `get_alloc_reserve_per_decode`: twice the KV one request allocates per step, which is
+    max(steps x topk, draft tokens) = the verify tokens for DFLASH and DDTree (page size 1 or topk 1),
+    and 1 without speculative decoding.
+    """
+    return running_requests * 2 * max(verify_tokens, 1)
+
+
+def mamba_pool(rest_bytes: float, per_req: int, full_memory_ratio: float, verify_tokens: int,
                slots_per_request: int, max_running_requests: int) -> MambaPool:
     """Joint solve of persistent state slots and speculative scratch, as kv_cache_configurator does.
 
-    Budget = rest * r / (1 + r); with speculative decoding each slot also prices draft_tokens/ratio
-    scratch states, and the scratch is sized for the requests that can actually run.
+    Budget = rest * r / (1 + r); with speculative decoding each slot also prices verify_tokens/ratio
+    scratch states (one intermediate SSM state per verified token), and the scratch is sized for the
+    requests that can actually run.
     """
     if per_req <= 0:
         return MambaPool(0, max_running_requests, 0, 0)
     budget = rest_bytes * full_memory_ratio / (1 + full_memory_ratio)
-    d = draft_tokens
+    d = verify_tokens
     if d > 0:
         slots = int((budget - per_req * (1 + d)) // (per_req * (1 + d / slots_per_request)))
     else:

@@ -163,11 +163,39 @@ def replica_plan(plan: Mapping[str, Any], index: int) -> dict[str, Any]:
             "replica": {"index": r["index"], "url": r["url"], "gpu_ids": list(r["gpu_ids"])}}
 
 
+def turns(plan: Mapping[str, Any], all_slots: Sequence[Mapping[str, Any]],
+          serving_plan: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The running replicas of a rollout (`plan`: what `rollout` returned) as the sglang_service role takes them,
+    in their order: index, unit name, paths (`all_slots`' entry) and the replica's plan (`replica_plan`). A replica
+    that must start is left out: it cannot be converged."""
+    by_index = {int(r["index"]): r for r in plan["replicas"]}
+    return [{"index": i, "name": all_slots[i]["name"], "paths": all_slots[i],
+             "plan": replica_plan(serving_plan, i)} for i in (int(x) for x in plan["order"])
+            if by_index[i]["action"] == "roll"]
+
+
+def converged_notes(state: Mapping[str, Any], indexes: Sequence[int], plan: Mapping[str, Any],
+                    all_slots: Sequence[Mapping[str, Any]], serving_plan: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The summary's entry of each replica that took no turn (`indexes`: found converged): unchanged, not drained,
+    with the gates and time of its deployment record as host_state read it."""
+    from dflash_infra import host_state  # the state's readers
+
+    by_index = {int(r["index"]): r for r in plan["replicas"]}
+    out = []
+    for i in (int(x) for x in indexes):
+        record = host_state.path_entry(state, all_slots[i]["record"]).get("json") or {}
+        out.append({"index": i, "name": all_slots[i]["name"], "url": by_index[i]["url"], "action": "roll", "would": "",
+                    "gpu_ids": replica_plan(serving_plan, i)["gpu_ids"], "restarted": False, "drained": False,
+                    "gates": record.get("gates") or {}, "deployed_at": record.get("deployed_at") or "",
+                    "load": record.get("load")})
+    return out
+
+
 def wanted(plan: Mapping[str, Any], service_name: str) -> list[dict[str, Any]]:
     """The plan's replicas as `rollout` takes them: index, unit name and the URL the gateway reaches it at."""
     return [{"index": r["index"], "name": replica_unit(service_name, int(r["index"])), "url": r["url"]}
             for r in plan.get("replicas") or []]
 
 
-__all__ = ["MAX_REPLICAS", "RolloutError", "present_units", "replica_paths", "replica_plan", "replica_unit", "rollout",
-           "slots", "state_inputs", "summary_lines", "wanted"]
+__all__ = ["MAX_REPLICAS", "RolloutError", "converged_notes", "present_units", "replica_paths", "replica_plan",
+           "replica_unit", "rollout", "slots", "state_inputs", "summary_lines", "turns", "wanted"]

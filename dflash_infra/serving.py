@@ -223,6 +223,34 @@ def service_done(done: Mapping[str, Any] | None, todo: Mapping[str, Any], paths:
                         *(f"{paths['libexec_dir']}/{name}" for name in todo.get("helpers") or [])]}
 
 
+def serves_as_recorded(state: Mapping[str, Any], record: Mapping[str, Any] | None, unit: str, url: str) -> bool:
+    """Whether the engine that runs now is the very process that passed the gates: the unit's InvocationID is the
+    one in the deployment record, and its /health answered 200 when host_state read it (`url`: the engine's base
+    URL). Such an engine is not gated again."""
+    invocation = (((record or {}).get("gates") or {}).get("unit") or {}).get("InvocationID") or ""
+    props = (state.get("units") or {}).get(unit) or {}
+    health = ((state.get("health") or {}).get(f"{url}/health") or {}).get("status")
+    return bool(invocation) and invocation == props.get("InvocationID") and health == 200
+
+
+def service_converged(state: Mapping[str, Any], paths: Mapping[str, str], unit: str, account: Mapping[str, str],
+                      helper_sha256: Mapping[str, str], unit_sha256: str, env_sha256: str, url: str) -> bool:
+    """Whether a turn of the service role would do nothing at all: no account, folder, helper, boot or start to
+    make (`service_todo`), the unit and its secrets file as the role renders them, and the engine serving as
+    recorded (`serves_as_recorded`, with the record naming this unit's content). Behind the gateway such a replica
+    takes no turn of the rollout; any doubt (a file host_state did not read, a record of another unit) means a full
+    turn, which decides the same thing task by task."""
+    from dflash_infra import host_state  # as in service_todo
+
+    if service_todo(state, paths, unit, account, helper_sha256)["any"]:
+        return False
+    if not (host_state.file_matches(state, paths["unit"], unit_sha256, "0644", "root", "root")
+            and host_state.file_matches(state, paths["env_file"], env_sha256, "0600", "root", "root")):
+        return False
+    record = host_state.path_entry(state, paths["record"]).get("json") or {}
+    return record.get("unit_sha256") == unit_sha256 and serves_as_recorded(state, record, unit, url)
+
+
 def base_url(serve: Mapping[str, Any]) -> str:
     """http://<where the host reaches it>:<port> of an engine listening as `serve` says ({host, port})."""
     return f"http://{probe_host(str(serve.get('host') or ''))}:{int(serve['port'])}"
@@ -309,10 +337,11 @@ def systemd_environment(env: Mapping[str, Any]) -> list[str]:
 def record(*, plan: Mapping[str, Any], engine_info: Mapping[str, Any], models: Mapping[str, Any],
            driver: Mapping[str, Any], unit: Mapping[str, Any], deployed_at: str, journal: str,
            previous: Mapping[str, Any] | None, gates: Mapping[str, Any] | None = None,
-           tolerance: float = engine_log.DEFAULT_TOLERANCE) -> dict[str, Any]:
+           tolerance: float = engine_log.DEFAULT_TOLERANCE, load: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """The deployment record (its contract: docs/architecture.md) with the engine's measured memory next to the plan.
 
-    `previous` keeps the record this one replaces, without its own `previous`, so the file stays bounded.
+    `previous` keeps the record this one replaces, without its own `previous`, so the file stays bounded; `load` the
+    load gate's inputs and figures per concurrency (dflash_infra.loadgate.verdict), None when it did not run.
     """
     previous_record = {k: v for k, v in (previous or {}).items() if k != "previous"} or None
     return {
@@ -331,6 +360,7 @@ def record(*, plan: Mapping[str, Any], engine_info: Mapping[str, Any], models: M
         "gpu_ids": list(plan.get("gpu_ids") or []),
         "engine_memory": engine_log.measure(journal, plan, tolerance),
         "gates": dict(gates or {}),
+        "load": dict(load) if load else None,
         "deployed_at": deployed_at,
         "previous": previous_record,
     }

@@ -86,7 +86,19 @@ def serving_lines(record: Mapping[str, Any] | None, url: str, model_name: str, u
         return []
     gates = record.get("gates") or {}
     return [f"serving: {url}/v1 ({model_name}), unit {unit}, record deployed_at {record.get('deployed_at') or '?'}",
-            f"gates: {gates.get('state') or '?'} ({gates.get('detail') or ''})"]
+            f"gates: {gates.get('state') or '?'} ({gates.get('detail') or ''})", *load_lines(record.get("load"), "")]
+
+
+def load_lines(load: Mapping[str, Any] | None, indent: str) -> list[str]:
+    """The load gate's figures of a deployment record, one line per concurrency (none when it did not run)."""
+    out = []
+    for f in (load or {}).get("figures") or []:
+        line = (f"{indent}load at concurrency {f.get('concurrency')}: {f.get('requests')} requests, {f.get('failed')} "
+                f"failed, {f.get('output_tokens_per_s')} output tok/s, {f.get('requests_per_s')} req/s")
+        if f.get("accept_length_mean") is not None:
+            line += f", acceptance length {f['accept_length_mean']} (verify count {f.get('verify_ct')})"
+        out.append(line)
+    return out
 
 
 def replica_lines(replicas: Sequence[Mapping[str, Any]], url: str, model_name: str, gateway_unit: str,
@@ -112,6 +124,7 @@ def replica_lines(replicas: Sequence[Mapping[str, Any]], url: str, model_name: s
         did = ("drained, restarted and added back" if r.get("drained") else "unchanged" if not r.get("restarted")
                else "started" if r.get("action") == "start" else "restarted")
         out.append(head + f"{did}; gates {gates.get('state') or '?'} ({gates.get('detail') or ''})")
+        out += load_lines(r.get("load"), "  ")
     return out
 
 

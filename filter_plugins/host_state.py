@@ -39,6 +39,7 @@ class FilterModule:
             "dflash_gpu_holders_problems": host_state.gpu_holders_problems,
             "dflash_driver_protection_needed": host_state.driver_protection_needed,
             "dflash_summary": dflash_summary,
+            "dflash_summary_load_lines": summary.load_lines,
             "dflash_role_file_sha256": dflash_role_file_sha256,
             "dflash_state_path": host_state.path_entry,
         })

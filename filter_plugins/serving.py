@@ -1,5 +1,5 @@
 """Ansible filters of the sglang_engine, sglang_service and smg_gateway roles; thin adapters over dflash_infra.serving
-and dflash_infra.parsers.engine_log, no logic of their own."""
+dflash_infra.loadgate and dflash_infra.parsers.engine_log, no logic of their own."""
 
 from __future__ import annotations
 
@@ -8,13 +8,13 @@ from pathlib import Path
 from typing import Any
 
 try:
-    from dflash_infra import rollout, serving
+    from dflash_infra import loadgate, rollout, serving
     from dflash_infra.ansible_filters import as_filters
     from dflash_infra.parsers import engine_log
     from dflash_infra.planning import gateway
 except ImportError:  # running from a checkout whose package is not installed in this Python
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from dflash_infra import rollout, serving
+    from dflash_infra import loadgate, rollout, serving
     from dflash_infra.ansible_filters import as_filters
     from dflash_infra.parsers import engine_log
     from dflash_infra.planning import gateway
@@ -38,6 +38,8 @@ class FilterModule:
             "dflash_engine_problems": serving.engine_problems,
             "dflash_service_todo": serving.service_todo,
             "dflash_service_done": serving.service_done,
+            "dflash_service_converged": serving.service_converged,
+            "dflash_serves_as_recorded": serving.serves_as_recorded,
             "dflash_serving_paths": serving.service_paths,
             "dflash_serving_exec_start": serving.exec_start_lines,
             "dflash_serving_environment": serving.systemd_environment,
@@ -56,5 +58,11 @@ class FilterModule:
             "dflash_rollout_wanted": rollout.wanted,
             "dflash_rollout": rollout.rollout,
             "dflash_rollout_lines": rollout.summary_lines,
+            "dflash_rollout_turns": rollout.turns,
+            "dflash_rollout_converged_notes": rollout.converged_notes,
             "dflash_present_units": rollout.present_units,
+            "dflash_load_figures": loadgate.run_figures,
+            "dflash_load_endpoint_concurrency": loadgate.endpoint_concurrency,
+            "dflash_load_restart_problem": loadgate.restart_problem,
+            "dflash_load_verdict": loadgate.verdict,
         })

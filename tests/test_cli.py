@@ -127,7 +127,8 @@ def test_bench_compare_prints_two_deployments_side_by_side(tmp_path: Path) -> No
     row = {"concurrency": 4, "requests": 32, "failed": 0, "output_tokens_per_s": 300.0, "requests_per_s": 2.0,
            "accept_length_mean": 4.5, "verify_ct": 400}
     before, after = tmp_path / "before.json", tmp_path / "after.json"
-    before.write_text(json.dumps({"plan": {}, "load": [row]}))
+    # A deployment record as the load gate writes it (`load`: inputs and figures), and a bare list of figures.
+    before.write_text(json.dumps({"plan": {}, "load": {"inputs": {"requests": 32}, "figures": [row]}}))
     after.write_text(json.dumps([{**row, "output_tokens_per_s": 330.0}]))
     out = cli("bench", "compare", str(before), str(after))
     assert out.returncode == 0, out.stderr

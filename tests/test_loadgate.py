@@ -102,3 +102,10 @@ def test_two_deployments_side_by_side() -> None:
     assert "concurrency 4" in lines and "concurrency 8" in lines
     tok = [line for line in lines if line.strip().startswith("output tok/s")]
     assert tok[0].split()[-3:] == ["300.0", "240.0", "0.80"] and tok[1].split()[-2:] == ["-", "400.0"]
+
+
+def test_the_benchmark_runs_one_four_and_the_endpoints_maximum() -> None:
+    gateway = {"max_running_requests": 32, "replicas": [{}, {}, {}, {}]}
+    assert loadgate.endpoint_concurrency(gateway) == [1, 4, 128]
+    assert loadgate.endpoint_concurrency({"max_running_requests": 4}) == [1, 4]  # the maximum once
+    assert loadgate.endpoint_concurrency({"max_running_requests": 2}, (1, 4, 8)) == [1, 2]  # none beyond it

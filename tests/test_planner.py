@@ -193,6 +193,11 @@ def test_ddtree_on_an_engine_with_the_flag(pro6000: dict) -> None:
     assert result["errors"] == []
     i = result["args"].index("--speculative-ddtree-budget")
     assert result["args"][i + 1] == "15"
+    assert result["args"][result["args"].index("--speculative-algorithm") + 1] == "DDTREE"
+    assert result["args"][result["args"].index("--page-size") + 1] == "1"
+    assert "--disable-overlap-schedule" in result["args"]
+    # Budget 15 with block 16 is PR #29907's default: the plain linear chain, said, not hidden.
+    assert any("plain linear chain" in w for w in result["warnings"])
 
 
 def test_unsupported_engine_version(pro6000: dict) -> None:

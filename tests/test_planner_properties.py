@@ -40,6 +40,9 @@ def requests(draw: st.DrawFn) -> dict:
         req["speculative"] = {"algorithm": "dflash", "block_size": block,
                               "draft_window": draw(st.integers(min_value=block, max_value=16)),
                               "max_draft_tokens": 16}
+        if draw(st.booleans()):  # DDTree (SGLang PR #29907) on a build that has it
+            req["sglang_version"] = "0.5.23+ddtree"
+            req["speculative"].update(algorithm="ddtree", tree_budget=draw(st.integers(min_value=1, max_value=16)))
     return req
 
 
@@ -77,4 +80,15 @@ def test_plan_invariants(req: dict) -> None:
         assert result["max_running_requests"] == overrides["max_running_requests"]
     args = result["args"]
     assert args[args.index("--tp-size") + 1] == str(tp)
+    # DDTree runs as PR #29907 defines it: its algorithm and budget, page size 1, no overlap scheduling,
+    # and the verify width budget + 1 is what the memory model priced.
+    if req["speculative"]["algorithm"] == "ddtree":
+        budget = req["speculative"]["tree_budget"]
+        assert args[args.index("--speculative-algorithm") + 1] == "DDTREE"
+        assert args[args.index("--speculative-ddtree-budget") + 1] == str(budget)
+        assert args[args.index("--page-size") + 1] == "1" and "--disable-overlap-schedule" in args
+        assert result["speculative"]["verify_tokens"] == budget + 1
+    elif "draft" in req:
+        assert args[args.index("--speculative-algorithm") + 1] == "DFLASH"
+        assert "--speculative-ddtree-budget" not in args and "--page-size" not in args
     assert args[args.index("--mem-fraction-static") + 1] == f"{result['mem_fraction_static']:g}"

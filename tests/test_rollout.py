@@ -161,3 +161,81 @@ def test_each_replica_makes_the_shared_parts_once_and_restarts_for_a_new_launche
                                                     "/var/lib/dflash-infra/sglang-qwen-r1/units"]
     assert second["launcher"]  # a new launcher restarts every replica, whoever copied it
     assert serving.service_done(done, second, slots[1])["helpers"] == done["helpers"]
+
+
+def _converged_host(slot: dict[str, Any], helpers: dict[str, str], unit_sha: str, env_sha: str) -> dict[str, Any]:
+    """host_state of a host on which replica `slot` was deployed, gated and recorded, and still serves."""
+    from dflash_infra import serving
+
+    def file(sha: str, mode: str) -> dict[str, Any]:
+        return {"exists": True, "kind": "file", "sha256": sha, "mode": mode, "owner": "root", "group": "root"}
+
+    files: dict[str, Any] = {slot[key]: {"exists": True, "kind": "dir", "mode": mode, "owner": "root", "group": "root"}
+                             for key, mode in serving.SERVICE_DIRS}
+    files.update({f"{slot['libexec_dir']}/{name}": file(sha, "0755") for name, sha in helpers.items()})
+    files[slot["unit"]] = file(unit_sha, "0644")
+    files[slot["env_file"]] = file(env_sha, "0600")
+    files[slot["record"]] = {**file("f" * 64, "0644"), "json": {
+        "unit_sha256": unit_sha, "deployed_at": "2026-12-02T16:00:00+00:00",
+        "gates": {"state": "ready", "detail": "generated 16 tokens", "unit": {"InvocationID": "inv-1"}}}}
+    return {"files": files,
+            "accounts": {"groups": {"sglang": {"gid": 990}},
+                         "users": {"sglang": {"home": "/var/lib/sglang", "shell": "/usr/sbin/nologin", "gid": 990}}},
+            "units": {slot["name"]: {"ActiveState": "active", "UnitFileState": "enabled", "InvocationID": "inv-1"}},
+            "health": {"http://127.0.0.1:30001/health": {"status": 200}}}
+
+
+def test_a_replica_takes_no_turn_only_when_a_turn_would_do_nothing() -> None:
+    """serving.service_converged, which lets a converged replica skip its turn of the rollout, says no to every
+    single difference a full turn would act on: the unit or its secrets file, a helper, boot, a restart outside
+    the deploy (another InvocationID), /health not 200, a record of another unit."""
+    import copy
+
+    from dflash_infra import serving
+
+    slot = SLOTS[0]
+    helpers = {"sglang-launch": "a" * 64, "sglang-ready": "b" * 64, "verify-unit": "c" * 64}
+    account = {"user": "sglang", "group": "sglang", "home": "/var/lib/sglang"}
+    unit_sha, env_sha, url = "1" * 64, "2" * 64, "http://127.0.0.1:30001"
+    host = _converged_host(slot, helpers, unit_sha, env_sha)
+
+    def converged(state: dict[str, Any], unit: str = unit_sha, env: str = env_sha) -> bool:
+        return serving.service_converged(state, slot, slot["name"], account, helpers, unit, env, url)
+
+    assert converged(host)
+    assert serving.serves_as_recorded(host, host["files"][slot["record"]]["json"], slot["name"], url)
+    assert not converged(host, unit="9" * 64)  # the plan renders another unit
+    assert not converged(host, env="9" * 64)  # another API key
+    changes = {
+        "a byte of the unit on the host": lambda s: s["files"][slot["unit"]].update(sha256="0" * 64),
+        "the secrets file readable by others": lambda s: s["files"][slot["env_file"]].update(mode="0644"),
+        "a helper changed": lambda s: s["files"][f"{slot['libexec_dir']}/sglang-ready"].update(sha256="0" * 64),
+        "not started at boot": lambda s: s["units"][slot["name"]].update(UnitFileState="disabled"),
+        "restarted outside the deploy": lambda s: s["units"][slot["name"]].update(InvocationID="inv-2"),
+        "not running": lambda s: s["units"][slot["name"]].update(ActiveState="failed"),
+        "/health not 200": lambda s: s["health"].update({f"{url}/health": {"status": 503}}),
+        "a record of another unit": lambda s: s["files"][slot["record"]]["json"].update(unit_sha256="0" * 64),
+        "no record": lambda s: s["files"].pop(slot["record"]),
+        "the service account gone": lambda s: s["accounts"]["users"].pop("sglang"),
+    }
+    for what, change in changes.items():
+        state = copy.deepcopy(host)
+        change(state)
+        assert not converged(state), what
+
+
+def test_the_turns_are_the_running_replicas_and_the_converged_keep_their_record_in_the_summary() -> None:
+    plan = {"serve": {"host": "127.0.0.1", "port": 30000}, "args": [], "gpu_ids": list(range(4)),
+            "replicas": [{"index": i, "host": "127.0.0.1", "port": 30001 + i, "url": f"http://127.0.0.1:{30001 + i}",
+                          "gpu_ids": [2 * i, 2 * i + 1], "args": ["--tp-size", "2"]} for i in range(2)]}
+    state: dict[str, Any] = {"units": {SLOTS[1]["name"]: {"ActiveState": "active"}}, "files": {
+        SLOTS[1]["record"]: {"exists": True, "kind": "file", "json": {
+            "deployed_at": "2026-12-02T16:00:00+00:00", "gates": {"state": "ready"}}}}}
+    decided = rollout.rollout(state, rollout.wanted(plan, "sglang-qwen.service"), LEGACY, SLOTS)
+    turns = rollout.turns(decided, SLOTS, plan)
+    assert [(t["index"], t["name"], t["plan"]["gpu_ids"]) for t in turns] == [(1, "sglang-qwen-r1.service", [2, 3])]
+    assert turns[0]["paths"] == SLOTS[1] and turns[0]["plan"]["serve"]["port"] == 30002
+    notes = rollout.converged_notes(state, [1], decided, SLOTS, plan)
+    assert notes == [{"index": 1, "name": "sglang-qwen-r1.service", "url": "http://127.0.0.1:30002", "action": "roll",
+                      "would": "", "gpu_ids": [2, 3], "restarted": False, "drained": False,
+                      "gates": {"state": "ready"}, "deployed_at": "2026-12-02T16:00:00+00:00", "load": None}]

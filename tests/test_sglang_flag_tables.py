@@ -248,3 +248,23 @@ def test_old_table_has_removed_flags_as_deprecated_aliases() -> None:
         assert option["action"] == "DeprecatedAliasStoreAction"
         assert option["dest"] == dest
         assert option["help_suppressed"] is hidden
+
+
+def test_real_0523_parser_takes_the_ddtree_argv_but_the_budget_of_pr_29907() -> None:
+    """A DDTREE plan on the derived 0.5.23+ddtree table: the real 0.5.23 parser accepts every flag of its argv
+    but --speculative-ddtree-budget, the one option the derived table adds for SGLang PR #29907."""
+    import yaml
+
+    from dflash_infra.planner import plan_dict
+
+    request = yaml.safe_load((REPO / "examples" / "pro6000.yml").read_text())
+    request["speculative"].update(algorithm="ddtree", tree_budget=16)
+    request["sglang_version"] = "0.5.23+ddtree"
+    argv = plan_dict(request, REPO / "examples")["args"]
+    i = argv.index("--speculative-ddtree-budget")
+    with_budget, without_budget = check_argvs(PIN, [argv, argv[:i] + argv[i + 2:]])
+    assert not with_budget["ok"] and "--speculative-ddtree-budget" in with_budget["stderr"]
+    assert without_budget["ok"], without_budget["stderr"]
+    namespace = without_budget["namespace"]
+    assert namespace["speculative_algorithm"] == "DDTREE"
+    assert namespace["page_size"] == 1 and namespace["disable_overlap_schedule"] is True

@@ -14,11 +14,15 @@ from dflash_infra.planning import gateway
 from dflash_infra.planning.notes import Notes
 from dflash_infra.planning.sizing import MAMBA_FULL_MEMORY_RATIO, Layout
 from dflash_infra.planning.topology import Topology
-from dflash_infra.planning.validate import Request, Speculative
+from dflash_infra.planning.validate import DDTREE_PR, Request, Speculative, verify_tokens
 
 # Kernel settings a request may override (overrides.<name>), in the engine's own words.
 KERNEL_OVERRIDES = ("attention_backend", "prefill_attention_backend", "decode_attention_backend",
                     "draft_attention_backend", "mamba_ssm_dtype")
+# Flags rendered beside the settings table: what DDTREE runs with (PR #29907 forces both) and two overrides.
+PAGE_SIZE_FLAG = "--page-size"
+NO_OVERLAP_FLAG = "--disable-overlap-schedule"
+REJECTION_SAMPLING_FLAG = "--speculative-use-rejection-sampling"
 
 
 @dataclass(frozen=True)
@@ -73,9 +77,43 @@ def speculative_section(spec: Speculative) -> dict[str, Any]:
     """The plan's `speculative` section (empty when speculative decoding is off)."""
     if not spec.enabled:
         return {}
-    return {"mode": spec.mode, "algorithm": spec.algorithm, "block_size": spec.block_size,
-            "draft_window": spec.draft_window, "tree_budget": spec.tree_budget,
-            "max_draft_tokens": spec.max_draft_tokens}
+    section = {"mode": spec.mode, "algorithm": spec.algorithm, "block_size": spec.block_size,
+               "draft_window": spec.draft_window, "tree_budget": spec.tree_budget,
+               "max_draft_tokens": spec.max_draft_tokens, "verify_tokens": verify_tokens(spec)}
+    if spec.mode == "ddtree":
+        section["tree_depth_cap"] = spec.tree_depth_cap
+    return section
+
+
+def extra_flags(request: Request, table: engine.FlagTable) -> tuple[list[str], list[str], list[str]]:
+    """Flags outside sglang_settings.yml: page size 1 and overlap scheduling off for ddtree (PR #29907), the
+    page-size and rejection-sampling overrides otherwise. Returns argv, errors and DDTree rules the table has no
+    flag for (the PR's engine forces them itself); an override the table cannot spell is an error."""
+    spec, overrides = request.speculative, request.overrides
+    page = overrides.get("page_size")
+    wanted: list[tuple[str, Any, bool]] = []  # flag, value, asked for by an override
+    errors: list[str] = []
+    if spec.mode == "ddtree":
+        wanted += [(PAGE_SIZE_FLAG, 1, page is not None), (NO_OVERLAP_FLAG, True, False)]
+    elif page is not None:
+        wanted.append((PAGE_SIZE_FLAG, page, True))
+    if overrides.get("speculative_use_rejection_sampling") and spec.mode != "ddtree":  # ddtree: refused in validate
+        if spec.enabled:
+            wanted.append((REJECTION_SAMPLING_FLAG, True, True))
+        else:
+            errors.append("overrides.speculative_use_rejection_sampling: expected speculative decoding "
+                          "(algorithm dflash), found algorithm none; drop the override")
+    argv: list[str] = []
+    missing: list[str] = []
+    for flag, value, asked in wanted:
+        if table.accepts(flag):
+            argv += [flag] if value is True else [flag, str(value)]
+        elif asked:
+            errors.append(f"overrides: {flag} {'' if value is True else value} is not accepted by SGLang "
+                          f"{table.version}; drop the override or plan for an engine that has the flag")
+        else:
+            missing.append(flag)
+    return argv, errors, missing
 
 
 def engine_values(request: Request, topology: Topology, chosen: Layout, context: int,
@@ -114,20 +152,34 @@ def render(request: Request, topology: Topology, chosen: Layout, context: int, k
     spec = request.speculative
     notes.reasons["kernels"] = kernels.reason
     section = speculative_section(spec)
-    if spec.enabled:
+    table = request.engine.table
+    extra, extra_errors, missing = extra_flags(request, table)
+    if spec.mode == "ddtree":
+        verify = verify_tokens(spec)
+        notes.reasons["speculative"] = (
+            f"ddtree ({DDTREE_PR}): block {spec.block_size}, window {spec.draft_window}, tree budget "
+            f"{spec.tree_budget} nodes, tree depth at most block_size - 1 = {spec.tree_depth_cap}, verify width "
+            f"budget + 1 = {verify} tokens per request (CUDA graphs captured for {verify}), cap "
+            f"{spec.max_draft_tokens}; page size 1, overlap scheduling off, no rejection sampling"
+            + (f" ({', '.join(missing)} not in the {table.version} table: the engine forces it)" if missing else ""))
+    elif spec.enabled:
         notes.reasons["speculative"] = (f"{spec.mode}: block {spec.block_size}, window {spec.draft_window}"
-                                        + (f", tree budget {spec.tree_budget}" if spec.tree_budget else "")
-                                        + f", cap {spec.max_draft_tokens}")
+                                        f", verify {verify_tokens(spec)} tokens per request"
+                                        f", cap {spec.max_draft_tokens}")
     values = engine_values(request, topology, chosen, context, kernels)
     routed = request.gateway
     if routed is not None:  # one engine per replica: no --dp-size, each on its own port where the gateway reaches it
         values.update(host=routed.settings["worker_host"], port=routed.worker_port(0), dp_size=None)
-    argv, flag_errors = engine.render_argv(values, request.engine.version, request.engine.table)
+    argv, flag_errors = engine.render_argv(values, request.engine.version, table)
+    argv += extra
     if spec.mode == "ddtree":
-        flag_errors = [e + " (ddtree needs an engine build with draft trees; refusing to fall back to linear "
-                       "DFLASH silently)" if e.startswith("tree_budget") else e for e in flag_errors]
+        flag_errors = [e + f" (ddtree needs an engine build with {DDTREE_PR}, e.g. sglang_version 0.5.23+ddtree "
+                       "with that build installed; refusing to fall back to linear DFLASH silently)"
+                       if e.startswith("tree_budget") else e for e in flag_errors]
+    flag_errors += extra_errors
     notes.errors.extend(flag_errors)
-    notes.reasons["args"] = f"flags as spelled by SGLang {request.engine.release} (extracted flag table)"
+    notes.reasons["args"] = (f"flags as spelled by SGLang {table.version} "
+                             + (f"({table.provenance})" if table.provenance else "(extracted flag table)"))
     if flag_errors:
         return Rendered([], section)
     if routed is None:
@@ -138,8 +190,8 @@ def render(request: Request, topology: Topology, chosen: Layout, context: int, k
         return Rendered([], section)
     replicas = []
     for index in range(topology.dp):
-        args, _ = engine.render_argv({**values, "port": routed.worker_port(index)}, request.engine.version,
-                                     request.engine.table)
+        args, _ = engine.render_argv({**values, "port": routed.worker_port(index)}, request.engine.version, table)
+        args += extra
         replicas.append(gateway.replica(index, topology.gpu_ids[index * topology.tp:(index + 1) * topology.tp],
                                         routed, args))
     notes.reasons["replicas"] = (f"{topology.dp} engine(s) of tp {topology.tp}, one per GPU group, each its own "

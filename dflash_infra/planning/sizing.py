@@ -12,7 +12,7 @@ from typing import Any
 from dflash_infra import memory
 from dflash_infra.models import ModelSpec
 from dflash_infra.planning.notes import Notes
-from dflash_infra.planning.validate import Request
+from dflash_infra.planning.validate import Request, verify_tokens
 
 GIB = 1024**3
 MIB = 1024**2
@@ -42,28 +42,50 @@ class Layout:
     mamba_slots: int
     chunked_prefill_size: int
     cuda_graph_max_bs: int
+    verify_tokens: int = 0  # tokens verified per running request and step (validate.verify_tokens)
     problems: list[str] = field(default_factory=list)
 
     @property
     def static_bytes(self) -> float:
         return self.fraction * self.gpu_mib * MIB
 
+    @property
+    def kv_reserved_tokens(self) -> int:
+        """KV slots the running requests' decode steps keep free (memory.decode_kv_reserve_tokens)."""
+        return memory.decode_kv_reserve_tokens(self.max_running, self.verify_tokens)
+
+    @property
+    def kv_tokens_free(self) -> int:
+        """KV tokens left for the requests' contexts once the decode-step reserve is kept."""
+        return max(self.kv_tokens - self.kv_reserved_tokens, 0)
+
+    @property
+    def cuda_graph_tokens(self) -> int:
+        """Tokens of the largest decode/verify CUDA graph: batch x verify tokens (x 1 without a drafter)."""
+        return min(self.cuda_graph_max_bs, self.max_running) * max(self.verify_tokens, 1)
+
 
 def layout(tp: int, gpu_mib: int, target: ModelSpec, target_weights: float, draft: ModelSpec | None,
-           draft_weights: float, draft_tokens: int, max_running_cap: int, ssm_dtype: str | None,
+           draft_weights: float, verify_tokens: int, max_running_cap: int, ssm_dtype: str | None,
            fraction_override: float | None = None, chunked_override: int | None = None) -> Layout:
-    """Per-GPU memory for one TP size: engine reserve, static pool, weights, KV and mamba pools."""
+    """Per-GPU memory for one TP size: engine reserve, static pool, weights, KV and mamba pools.
+
+    verify_tokens (validate.verify_tokens: the block, or a DDTree budget + 1) sizes the verify graphs'
+    activations, the SSM scratch per running request and the KV reserve of a decode step.
+    """
     caps = memory.capacity_defaults(gpu_mib, tp)
     chunked = chunked_override or caps.chunked_prefill_size
+    verify = verify_tokens if draft else 0
     engine_reserved = memory.engine_reserved_mib(gpu_mib, tp, chunked, caps.cuda_graph_max_bs)
-    draft_reserved = memory.draft_worker_reserved_mib(caps.cuda_graph_max_bs) if draft else 0.0
+    draft_reserved = (memory.draft_worker_reserved_mib(caps.cuda_graph_max_bs)
+                      + memory.verify_activation_mib(caps.cuda_graph_max_bs, verify, chunked)) if draft else 0.0
     vlm = memory.vlm_fraction_factor(target)
     fraction = fraction_override or memory.round_down((gpu_mib - engine_reserved - draft_reserved) / gpu_mib * vlm)
     weights = target_weights / tp + (draft_weights / tp if draft else 0.0)
     lay = Layout(tp=tp, gpu_mib=gpu_mib, fraction=fraction, engine_reserved_mib=engine_reserved,
                  draft_reserved_mib=draft_reserved, vlm_factor=vlm, weights_bytes=weights, kv_bytes=0.0,
                  mamba_bytes=0.0, kv_bytes_per_token=0, kv_tokens=0, max_running=0, mamba_slots=0,
-                 chunked_prefill_size=chunked, cuda_graph_max_bs=caps.cuda_graph_max_bs)
+                 chunked_prefill_size=chunked, cuda_graph_max_bs=caps.cuda_graph_max_bs, verify_tokens=verify)
     rest = lay.static_bytes - weights
     if rest <= 0:
         lay.problems.append(f"tp {tp}: weights need {weights / GIB:.1f} GiB per GPU but the static pool is "
@@ -73,7 +95,7 @@ def layout(tp: int, gpu_mib: int, target: ModelSpec, target_weights: float, draf
     lay.kv_bytes_per_token = per_token
     if target.is_hybrid:
         pool = memory.mamba_pool(rest, target.mamba_state_bytes_per_request(tp, ssm_dtype),
-                                 MAMBA_FULL_MEMORY_RATIO, draft_tokens if draft else 0,
+                                 MAMBA_FULL_MEMORY_RATIO, verify,
                                  MAMBA_SLOTS_PER_REQUEST, max_running_cap)
         lay.mamba_bytes, lay.mamba_slots, lay.max_running = pool.total_bytes, pool.slots, pool.max_requests
     else:
@@ -95,7 +117,7 @@ class MemoryModel:
     target_weights: float  # bytes
     draft: ModelSpec | None
     draft_weights: float  # bytes; 0 without a drafter
-    draft_tokens: int
+    verify_tokens: int  # validate.verify_tokens of the request
     max_running_cap: int  # the engine's running-request cap, or the override
     ssm_dtype: str | None
     fraction_override: Any  # overrides.mem_fraction_static as written
@@ -104,7 +126,7 @@ class MemoryModel:
     def layout(self, tp: int) -> Layout:
         """The per-GPU memory of this request at one TP size."""
         return layout(tp, self.gpu_mib, self.target, self.target_weights, self.draft, self.draft_weights,
-                      self.draft_tokens, self.max_running_cap, self.ssm_dtype, self.fraction_override,
+                      self.verify_tokens, self.max_running_cap, self.ssm_dtype, self.fraction_override,
                       self.chunked_override)
 
 
@@ -132,7 +154,7 @@ def memory_model(request: Request, ssm_dtype: str | None, notes: Notes) -> Memor
         target_weights=target_weights,
         draft=request.draft,
         draft_weights=draft_weights,
-        draft_tokens=request.speculative.draft_tokens,
+        verify_tokens=verify_tokens(request.speculative),
         max_running_cap=int(overrides.get("max_running_requests") or ENGINE_MAX_RUNNING_SPEC),
         ssm_dtype=ssm_dtype,
         fraction_override=overrides.get("mem_fraction_static"),
@@ -174,7 +196,7 @@ def running_requests(chosen: Layout, request: Request, model: MemoryModel, notes
                             f"{chosen.max_running} at tp {chosen.tp}")
         return None
     if request.target.is_hybrid:
-        scratch = (f", with {model.draft_tokens} speculative scratch states each"
+        scratch = (f", with {model.verify_tokens} speculative scratch states each (verify tokens per request)"
                    if request.speculative.enabled else "")
         notes.reasons["max_running_requests"] = (f"{chosen.mamba_slots} mamba state slots / "
                                                  f"{MAMBA_SLOTS_PER_REQUEST} per request{scratch} (cap {cap})")
@@ -191,13 +213,15 @@ def context_length(chosen: Layout, request: Request, notes: Notes) -> int | None
     if wanted is not None and int(wanted) > model_max:
         notes.errors.append(f"context_length {wanted} exceeds {target.name}'s max_position_embeddings {model_max}")
         return None
-    fit_tokens = chosen.kv_tokens // 1024 * 1024
+    fit_tokens = chosen.kv_tokens_free // 1024 * 1024
     context = min(int(wanted or model_max), fit_tokens)
     if wanted is not None and int(wanted) > fit_tokens:
-        notes.warnings.append(f"context_length {wanted} exceeds the {chosen.kv_tokens} tokens the KV pool holds; "
+        notes.warnings.append(f"context_length {wanted} exceeds the {chosen.kv_tokens_free} tokens the KV pool holds "
+                              f"beside the decode reserve of the running requests; "
                               f"capped to {context}")
     notes.reasons["context_length"] = (f"min(requested or model max {model_max}, KV pool {chosen.kv_tokens} tokens "
-                                       "rounded down to 1024)")
+                                       f"less the decode reserve of {chosen.kv_reserved_tokens} (2 x "
+                                       f"{max(chosen.verify_tokens, 1)} per running request), rounded down to 1024)")
     return context
 
 

@@ -46,9 +46,10 @@ def _head_problems(request: Request, tp: int) -> list[str]:
 
 
 def _meets(lay: Layout, capacity: dict[str, Any]) -> bool:
-    """The layout holds the running requests and KV tokens a replica must hold to be worth deploying."""
+    """The layout holds the running requests and KV tokens a replica must hold to be worth deploying
+    (KV tokens beside the decode-step reserve the running requests keep free)."""
     return (lay.max_running >= int(capacity["min_running_requests"])
-            and lay.kv_tokens >= int(capacity["min_kv_cache_tokens"]))
+            and lay.kv_tokens_free >= int(capacity["min_kv_cache_tokens"]))
 
 
 def _tp_override(request: Request, model: MemoryModel, notes: Notes) -> TpChoice:

@@ -9,7 +9,7 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 from dflash_infra import catalogue, engine
 from dflash_infra.models import ModelConfigError, ModelSpec, model_spec
@@ -21,8 +21,12 @@ from dflash_infra.planning.notes import Notes
 DEFAULT_CAPACITY = {"min_running_requests": 8, "min_kv_cache_tokens": 65536}
 KNOWN_OVERRIDES = ("tp_size", "dp_size", "mem_fraction_static", "max_running_requests", "context_length",
                    "attention_backend", "prefill_attention_backend", "decode_attention_backend",
-                   "draft_attention_backend", "mamba_ssm_dtype", "chunked_prefill_size")
-SPEC_ALGORITHMS = {"dflash": "DFLASH", "ddtree": "DFLASH", "none": None}
+                   "draft_attention_backend", "mamba_ssm_dtype", "chunked_prefill_size", "page_size",
+                   "speculative_use_rejection_sampling")
+SPEC_ALGORITHMS = {"dflash": "DFLASH", "ddtree": "DDTREE", "none": None}
+# The SGLang change that adds DDTree (`--speculative-algorithm DDTREE`, `--speculative-ddtree-budget`); open, in
+# no release. Its rules: page size 1, overlap scheduling off, no rejection sampling, verify width = budget + 1.
+DDTREE_PR = "SGLang PR #29907"
 # Drafted tokens per step a deployment allows when the request does not say (speculative.max_draft_tokens).
 DEFAULT_MAX_DRAFT_TOKENS = 16
 
@@ -71,10 +75,29 @@ class Speculative:
         return int(self.settings.get("max_draft_tokens") or DEFAULT_MAX_DRAFT_TOKENS)
 
     @property
-    def draft_tokens(self) -> int:
-        """Tokens drafted per step (the block, or the tree budget plus its root): the SSM scratch states."""
-        budget = self.tree_budget
-        return max(self.block_size, int(budget) + 1) if budget else self.block_size
+    def tree_depth_cap(self) -> int:
+        """The deepest a draft tree can grow: one DFlash pass drafts block_size - 1 tokens after the root."""
+        return max(self.block_size - 1, 0)
+
+
+def _is_int(value: Any) -> TypeGuard[int]:
+    """An integer, not a bool (YAML reads `yes` as True)."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def verify_tokens(spec: Speculative) -> int:
+    """Tokens the target verifies per running request and step (0 without speculative decoding).
+
+    The block for linear DFLASH; the tree budget plus its root for DDTree (PR #29907's verify width, with
+    CUDA graphs captured for that many tokens per request). The KV reserve of a decode step, the SSM
+    scratch of hybrid models and the verify graphs' token count all scale with it.
+    """
+    if not spec.enabled:
+        return 0
+    budget = spec.tree_budget
+    if spec.mode == "ddtree" and _is_int(budget):
+        return int(budget) + 1
+    return spec.block_size
 
 
 @dataclass(frozen=True)
@@ -87,7 +110,7 @@ class EngineChoice:
 
     def describe(self) -> dict[str, str]:
         """The plan's `engine` section."""
-        return {"name": "sglang", "version": self.version, "flag_table": self.release}
+        return {"name": "sglang", "version": self.version, "flag_table": self.table.version}
 
 
 @dataclass(frozen=True)
@@ -220,11 +243,38 @@ def speculative_problems(spec: Mapping[str, Any]) -> list[str]:
         if int(window) > cap:
             problems.append(f"speculative.draft_window {window} exceeds the deployment's max_draft_tokens {cap}")
     if budget is not None:
-        if int(budget) < 1:
+        if not _is_int(budget) or int(budget) < 1:
             problems.append(f"speculative.tree_budget: expected an integer >= 1, found {budget!r}")
         elif int(budget) > cap:
             problems.append(f"speculative.tree_budget {budget} exceeds the deployment's max_draft_tokens {cap}")
     return problems
+
+
+def ddtree_problems(spec: Mapping[str, Any], overrides: Mapping[str, Any]) -> tuple[list[str], list[str]]:
+    """Errors and warnings of a ddtree request against the rules of PR #29907."""
+    errors: list[str] = []
+    warnings: list[str] = []
+    budget = spec.get("tree_budget")
+    raw_block = spec.get("block_size")
+    block = int(raw_block) if _is_int(raw_block) else 0
+    if budget is None:
+        errors.append(f"speculative.tree_budget: ddtree needs an explicit tree budget (an integer >= 1, <= "
+                      f"max_draft_tokens), found none; {DDTREE_PR}'s default, block_size - 1"
+                      + (f" = {block - 1}" if block > 1 else "") + ", is the plain linear chain, so set a "
+                      "measured budget or use algorithm dflash")
+    elif isinstance(budget, int) and block > 1 and budget == block - 1:
+        warnings.append(f"speculative.tree_budget {budget} = block_size - 1: the tree is the plain linear chain "
+                        f"({DDTREE_PR}'s default) and only adds DDTree's costs (page size 1, no overlap "
+                        "scheduling); use algorithm dflash or a larger budget measured against it")
+    page = overrides.get("page_size")
+    if _is_int(page) and page != 1:
+        errors.append(f"overrides.page_size: ddtree needs page size 1 ({DDTREE_PR}), found {page!r}; drop the "
+                      "override or use algorithm dflash")
+    if overrides.get("speculative_use_rejection_sampling"):
+        errors.append(f"overrides.speculative_use_rejection_sampling: {DDTREE_PR} refuses "
+                      "--speculative-use-rejection-sampling with DDTREE (trees are verified greedily against the "
+                      "target); drop the override or use algorithm dflash")
+    return errors, warnings
 
 
 def _speculative(request: Mapping[str, Any], target: ModelSpec | None, draft: ModelSpec | None,
@@ -238,8 +288,13 @@ def _speculative(request: Mapping[str, Any], target: ModelSpec | None, draft: Mo
     checked = Speculative(mode, spec)
     if checked.enabled:
         notes.errors.extend(speculative_problems(spec))
-        if mode == "ddtree" and spec.get("tree_budget") is None:
-            notes.errors.append("speculative.tree_budget: ddtree needs a tree budget (<= max_draft_tokens)")
+        if mode == "ddtree":
+            errors, warnings = ddtree_problems(spec, request.get("overrides") or {})
+            notes.errors.extend(errors)
+            notes.warnings.extend(warnings)
+        elif spec.get("tree_budget") is not None:
+            notes.warnings.append(f"speculative.tree_budget {spec['tree_budget']} is ignored: algorithm {mode} "
+                                  "drafts a linear chain; set algorithm ddtree on an engine with DDTree to use it")
         if draft is None and not request.get("draft"):
             notes.errors.append("draft: speculative decoding needs a drafter model (SGLang requires "
                                 "--speculative-draft-model-path)")
@@ -257,11 +312,12 @@ def _engine(request: Mapping[str, Any], speculative: bool, notes: Notes) -> Engi
     version = str(request.get("sglang_version") or "")
     try:
         release = engine.release_of(version)
-        table = engine.flag_table(release)
+        table = engine.flag_table(version)
         if request.get("engine_options"):
             table = engine.FlagTable.from_options(release, request["engine_options"])
     except (KeyError, ValueError):
-        notes.errors.append(f"sglang_version: expected one of {', '.join(engine.supported_releases())}, "
+        known = (*engine.supported_releases(), *engine.derived_tables())
+        notes.errors.append(f"sglang_version: expected one of {', '.join(known)}, "
                             f"found {version or 'nothing'!r}")
         return None
     rel = engine.parse_version(release)
@@ -270,6 +326,8 @@ def _engine(request: Mapping[str, Any], speculative: bool, notes: Notes) -> Engi
     elif speculative and rel < engine.DRAFT_SLIDING_WINDOW_SINCE:
         notes.warnings.append(f"SGLang {version} runs the drafter's sliding-window layers as full attention "
                               "(fixed in 0.5.15); acceptance will be lower")
+    if table.provenance:
+        notes.warnings.append(f"flag table {table.version}: {table.provenance}")
     return EngineChoice(version, release, table)
 
 
@@ -281,6 +339,9 @@ def validate_request(request: Any, base: Path | None, notes: Notes) -> Validated
     overrides = dict(request.get("overrides") or {})
     for key in sorted(set(overrides) - set(KNOWN_OVERRIDES)):
         notes.errors.append(f"overrides.{key}: unknown override; known: {', '.join(KNOWN_OVERRIDES)}")
+    page = overrides.get("page_size")
+    if page is not None and (not _is_int(page) or int(page) < 1):
+        notes.errors.append(f"overrides.page_size: expected an integer >= 1, found {page!r}")
     capacity = {**DEFAULT_CAPACITY, **(request.get("capacity") or {})}
 
     gpus = _gpus(request.get("gpus"), notes.errors)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shlex
 import socket
 import subprocess
@@ -199,6 +200,11 @@ def test_drift_on_a_converged_host_is_repaired_exactly(fresh_lab: LabHandle, tmp
     assert runner.rc == 0, out[-5000:]
     repaired = changed_tasks(runner)
     assert repaired == repairs, f"changed: {repaired}\n{out[-3000:]}"
+    if drift == "a byte of a replica's unit":  # its load gate compared with its previous deployment's figures
+        flat = " ".join(out.split())
+        assert re.search(r"load gate: concurrency 32: 32 requests, 0 failed, [0-9.]+ tok/s, [0-9.]+ req/s, "
+                         r"acceptance [0-9.]+ over 32 requests \(previous deployment: [0-9.]+ tok/s, acceptance "
+                         r"[0-9.]+\)", flat), flat[-3000:]
     if "gateway" in drift:
         assert "+ setproctitle 1.3.8 (missing)" in out, out[-3000:]
         assert "setproctitle" in fresh_lab.ssh("ct200", "/opt/smg/venv/bin/python", "-m", "pip", "list").stdout

@@ -4,9 +4,10 @@ through the gateway (dflash_serve_through_gateway): four engine stand-ins of tp 
 tools/load.py; bounded by users and a SIGTERM when the play ends, loopback only).
 
 Order is the operator's: the single-process deploy migrated by the first gateway deploy, the no-op re-run and a
-dry run of a changed plan, a rolling redeploy of a changed plan under load, a replica failing its gates mid-rollout
-under load, one replica SIGKILLed under load, a changed gateway setting (its restart is the one outage). The user's
-way back to training (stop_serving.yml, resume) and the keys are tests/lab/test_deploy.py's, on the same topology.
+dry run of a changed plan, the benchmark, a rolling redeploy of a changed plan under load, a replica failing its
+gates mid-rollout under load, one crashing under its load gate, one replica SIGKILLed under load, a changed gateway
+setting (its restart is the one outage). The user's way back to training (stop_serving.yml, resume) and the keys
+are tests/lab/test_deploy.py's, on the same topology.
 """
 
 from __future__ import annotations
@@ -98,6 +99,15 @@ def test_the_first_gateway_deploy_migrates_the_single_process_unit_and_serves_ev
     assert re.search(rf"{re.escape(ct200)}:30000 .*smg", listeners), listeners
     record = json.loads(routed.ssh("ct200", "cat", "/var/lib/dflash-infra/sglang-qwen-r2/deployment.json").stdout)
     assert record["gates"]["state"] == "ready" and record["plan"]["gpu_ids"] == [4, 5]
+    # The load gate ran on each replica at the plan's concurrency (32), and its figures are in the record and the
+    # summary; a first deployment has nothing to compare with.
+    (figures,) = record["load"]["figures"]
+    assert (figures["concurrency"], figures["requests"], figures["failed"]) == (32, 32, 0), figures
+    assert figures["accept_length_mean"] >= 1.5 and figures["output_tokens"] == 32 * 64, figures
+    assert record["load"]["inputs"]["prompts"] == ["code", "math", "chat"]
+    assert out.count("first deployment with load figures: recorded, nothing to compare with") == 4, out[-3000:]
+    assert re.search(r"load at concurrency 32: 32 requests, 0 failed, [0-9.]+ output tok/s, [0-9.]+ req/s, "
+                     r"acceptance length [0-9.]+ \(verify count \d+\)", out), out[-3000:]
     # The gateway from its lab lock, hashes required; its record names that lock.
     lock = ROOT / "locks" / "smg-1.13.0-py3.11-x86_64-manylinux_2_34.txt"
     gateway = json.loads(routed.ssh("ct200", "cat", "/var/lib/dflash-infra/smg-gateway.json").stdout)
@@ -126,6 +136,18 @@ def test_a_second_run_changes_nothing_and_check_lists_the_replicas_a_changed_pla
     assert routed.changeable_state() == before
 
 
+def test_the_benchmark_measures_the_endpoint_through_the_gateway_and_changes_nothing(routed: LabHandle) -> None:
+    before = routed.changeable_state()
+    result = play("playbooks/benchmark.yml")
+    out = " ".join(result.stdout.split())
+    assert result.returncode == 0, out[-5000:]
+    # Concurrency 1, 4 and the endpoint's maximum: four replicas of max_running_requests 32.
+    for c in (1, 4, 128):
+        assert re.search(rf"ct200: load at concurrency {c}: 32 requests, 0 failed, [0-9.]+ output tok/s, [0-9.]+ "
+                         r"req/s, acceptance length [0-9.]+", out), out[-3000:]
+    assert recap(result)["changed"] == 0 and routed.changeable_state() == before
+
+
 def test_a_rolling_redeploy_of_a_changed_plan_under_load_fails_no_request(routed: LabHandle, tmp_path: Path) -> None:
     load = Load(f"http://{routed.addresses['ct200']}:30000", tmp_path / "load")
     result = play("deploy_dflash.yml", extra={"dflash_plan_overrides": {"max_running_requests": 24}})
@@ -138,6 +160,10 @@ def test_a_rolling_redeploy_of_a_changed_plan_under_load_fails_no_request(routed
     assert result.stdout.count("drained, restarted and added back") == 4, result.stdout[-3000:]
     assert "smg-gateway.service" not in re.findall(r"changed: \[ct200\].*", result.stdout)
     assert figures["requests"] > 100 and figures["failed"] == 0, figures
+    # Each replica's load gate ran at the new plan's concurrency (24); the previous deployment ran 32, so there is
+    # nothing to compare with at 24 (tests/lab/test_deploy.py compares a redeploy at the same concurrency).
+    out = " ".join(result.stdout.split())
+    assert out.count("load gate: concurrency 24: 32 requests, 0 failed") == 4, out[-3000:]
 
 
 def test_a_replica_failing_its_gates_mid_rollout_is_rolled_back_alone_and_the_endpoint_stays_up(
@@ -160,6 +186,30 @@ def test_a_replica_failing_its_gates_mid_rollout_is_rolled_back_alone_and_the_en
                                     f"http://{routed.addresses['ct200']}:30000", "--credentials",
                                     "/etc/dflash-infra/smg-gateway", "workers").stdout)["workers"]
     assert sorted(w["url"] for w in workers) == [f"http://{routed.addresses['ct200']}:{30001 + i}" for i in range(4)]
+
+
+def test_a_replica_crashing_under_the_load_gate_is_rolled_back_alone_and_the_endpoint_stays_up(
+        routed: LabHandle, tmp_path: Path) -> None:
+    """Its readiness gates pass (one request at a time); at the plan's concurrency it dies of an illegal memory
+    access (the stand-in's SGLANG_STANDIN_CRASH_UNDER_LOAD), systemd restarts it, and the load gate fails it."""
+    before = {u: routed.ssh("ct200", "systemctl", "cat", u).stdout for u in REPLICAS}
+    record = routed.ssh("ct200", "cat", "/var/lib/dflash-infra/sglang-qwen-r0/deployment.json").stdout
+    load = Load(f"http://{routed.addresses['ct200']}:30000", tmp_path / "load")
+    crash = {"SGLANG_STANDIN_CRASH_UNDER_LOAD": "8"}
+    result = play("deploy_dflash.yml", extra={"dflash_plan_overrides": {"max_running_requests": 24},
+                                              "sglang_service_extra_environment": crash})
+    figures = load.stop()
+    out = " ".join(result.stdout.split())
+    assert result.returncode != 0, out[-3000:]
+    assert "sglang-qwen-r0.service failed the load gate: sglang-qwen-r0.service restarted during the load run" in out, \
+        out[-5000:]
+    assert re.search(r"concurrency 24: \d+ of 32 requests failed", out), out[-5000:]
+    assert "CUDA error: an illegal memory access was encountered" in out  # the journal of the failed attempt
+    assert "replica 0 (sglang-qwen-r0.service, GPUs 0,1) failed its turn of the rollout" in out
+    assert "Back in the gateway on its old unit" in out, out[-5000:]
+    assert {u: routed.ssh("ct200", "systemctl", "cat", u).stdout for u in REPLICAS} == before
+    assert routed.ssh("ct200", "cat", "/var/lib/dflash-infra/sglang-qwen-r0/deployment.json").stdout == record
+    assert figures["requests"] > 50 and figures["failed"] == 0, figures
 
 
 def test_a_replica_killed_under_load_is_routed_around_and_rejoins(routed: LabHandle, tmp_path: Path) -> None:

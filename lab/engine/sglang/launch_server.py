@@ -16,6 +16,10 @@ Failure injection (environment):
   SGLANG_STANDIN_CRASH_AT_START=1  CUDA out-of-memory crash right after the weight-load line, exit 1
   SGLANG_STANDIN_FAIL_GENERATE=1   /generate and the OpenAI routes answer 500
   SGLANG_STANDIN_GPU_MEMORY_MIB=N  simulated memory per GPU (default: lab GPU profile, else 97887)
+  SGLANG_STANDIN_STEP_MS=MS        decode time of one forward step (verify step or token; default 2)
+  SGLANG_STANDIN_SLOWDOWN=F        every step F times slower (a throughput regression)
+  SGLANG_STANDIN_ACCEPT_COLLAPSE=1 acceptance length 1.0 while two or more requests run
+  SGLANG_STANDIN_CRASH_UNDER_LOAD=N  an illegal memory access, exit 1, once N requests run at once
 """
 
 from __future__ import annotations
@@ -96,6 +100,18 @@ def crash(prefix: str, scheduler_traceback: str) -> int:
     log("Scheduler hit an exception: " + scheduler_traceback, prefix)
     log("Received sigquit from a child process. It usually means the child failed.")
     return 1
+
+
+def crash_under_load(running: int) -> None:
+    """The scheduler dying of an illegal memory access under concurrent load (z-lab/dflash#146), as SGLang logs it,
+    and the process exiting 1 at once (systemd's Restart= brings it back)."""
+    log("Scheduler hit an exception: Traceback (most recent call last):\n"
+        '  File "/opt/sglang/venv/lib/python3.11/site-packages/sglang/srt/managers/scheduler.py", line 2871, in '
+        "run_scheduler_process\n    scheduler.event_loop_overlap()\n"
+        "torch.AcceleratorError: CUDA error: an illegal memory access was encountered\n"
+        f"(lab stand-in: SGLANG_STANDIN_CRASH_UNDER_LOAD with {running} requests running)", " TP0")
+    log("Received sigquit from a child process. It usually means the child failed.")
+    os._exit(1)
 
 
 def capture_batch_sizes(max_bs: int) -> list[int]:
@@ -274,6 +290,9 @@ def serve(args: dict[str, Any], resolved: rules.Resolved, s: memory.Startup, set
         eos_token_id=rules.text_config(resolved.target_config).get("eos_token_id"),
         fail_generate=_flag(env, "SGLANG_STANDIN_FAIL_GENERATE"), log=log,
         api_key=args.get("api_key") or None, admin_api_key=args.get("admin_api_key") or None,
+        step_s=float(env.get("SGLANG_STANDIN_STEP_MS") or 2) / 1000 * float(env.get("SGLANG_STANDIN_SLOWDOWN") or 1),
+        accept_collapse=_flag(env, "SGLANG_STANDIN_ACCEPT_COLLAPSE"),
+        crash_under_load=int(env.get("SGLANG_STANDIN_CRASH_UNDER_LOAD") or 0), crash=crash_under_load,
     )
     host, port = str(args.get("host") or "127.0.0.1"), int(args.get("port") or 30000)
     try:

@@ -45,6 +45,16 @@ class EngineState:
     # --api-key / --admin-api-key as the engine parsed them (sglang-launch puts them on sys.argv in memory).
     api_key: str | None = None
     admin_api_key: str | None = None
+    # Decode time: one forward step (a verify step when speculative, else one token) takes step_s seconds, so
+    # throughput follows the acceptance length as on a GPU. Failure injection for the load gate: acceptance
+    # collapsing to 1.0 while two or more requests run (the verify-logits fault of full CUDA graphs at
+    # concurrency >= 2), a crash once `crash_under_load` requests run at once (an illegal memory access under load).
+    step_s: float = 0.002
+    accept_collapse: bool = False
+    crash_under_load: int = 0
+    crash: Any = None  # called with the number of requests in flight when crash_under_load is reached
+    in_flight: int = 0
+    lock: threading.Lock = field(default_factory=threading.Lock)
 
 
 def authorized(method: str, path: str, authorization: str | None, api_key: str | None) -> bool:
@@ -77,11 +87,12 @@ def completion(prompt: str, max_new_tokens: int) -> tuple[str, list[int]]:
     return " " + " ".join(words), ids
 
 
-def spec_metrics(prompt: str, completion_tokens: int, block: int) -> dict[str, Any]:
+def spec_metrics(prompt: str, completion_tokens: int, block: int, collapsed: bool = False) -> dict[str, Any]:
     """meta_info speculative fields as tokenizer_manager._calculate_spec_decoding_metrics computes them.
 
     Each verify step accepts k drafts (0..block-1) plus one bonus token; k is drawn from the prompt
     hash so the figures are stable, with an average acceptance length around 4-7 for block 16.
+    `collapsed`: no draft is ever accepted (acceptance length 1.0: every step yields only the bonus token).
     """
     if completion_tokens <= 0 or block <= 1:
         return {}
@@ -90,7 +101,7 @@ def spec_metrics(prompt: str, completion_tokens: int, block: int) -> dict[str, A
     produced, verify_ct, correct = 0, 0, 0
     while produced < completion_tokens:
         b = seed[verify_ct % len(seed)]
-        k = min(block - 1, (b % 7) + (b >> 5) % 3 + 1)
+        k = 0 if collapsed else min(block - 1, (b % 7) + (b >> 5) % 3 + 1)
         k = min(k, completion_tokens - produced - 1)
         histogram[k] += 1
         correct += k
@@ -122,8 +133,12 @@ def generate_one(state: EngineState, prompt: str, sampling: dict[str, Any], star
         "completion_tokens": len(ids),
         "cached_tokens": 0,
     }
+    steps = len(ids)
     if state.num_draft_tokens:
-        meta.update(spec_metrics(prompt, len(ids), state.num_draft_tokens))
+        collapsed = state.accept_collapse and state.in_flight >= 2
+        meta.update(spec_metrics(prompt, len(ids), state.num_draft_tokens, collapsed))
+        steps = int(meta.get("spec_verify_ct") or steps)
+    time.sleep(steps * state.step_s)  # decoding: one step per verify (speculative) or per token
     meta["e2e_latency"] = time.monotonic() - started
     return {"text": text, "output_ids": ids, "meta_info": meta}
 
@@ -250,13 +265,22 @@ class Handler(BaseHTTPRequestHandler):
                                                   "SGLANG_STANDIN_FAIL_GENERATE is set", "code": 500}})
             return
         started = time.monotonic()
-        if path == "/generate":
-            self._generate(body, started)
-        elif path == "/v1/chat/completions":
-            prompt = _prompt_of_messages(body.get("messages") or [])
-            self._openai(body, prompt, started, chat=True)
-        else:
-            self._openai(body, str(body.get("prompt", "")), started, chat=False)
+        with self.state.lock:
+            self.state.in_flight += 1
+            running = self.state.in_flight
+        try:
+            if self.state.crash_under_load and running >= self.state.crash_under_load and self.state.crash:
+                self.state.crash(running)
+            if path == "/generate":
+                self._generate(body, started)
+            elif path == "/v1/chat/completions":
+                prompt = _prompt_of_messages(body.get("messages") or [])
+                self._openai(body, prompt, started, chat=True)
+            else:
+                self._openai(body, str(body.get("prompt", "")), started, chat=False)
+        finally:
+            with self.state.lock:
+                self.state.in_flight -= 1
 
     def _card(self, name: str) -> dict[str, Any]:
         return {"id": name, "object": "model", "created": int(time.time()), "owned_by": "sglang",
@@ -327,4 +351,5 @@ class StandinHTTPServer(ThreadingHTTPServer):
 
     allow_reuse_address = True
     daemon_threads = True
+    request_queue_size = 2048  # uvicorn's backlog (http.server's 5 resets concurrent connects)
 

@@ -1,0 +1,131 @@
+"""The load gate's client (library/dflash_load.py, run for real with `ansible -m`) against the engine stand-in's HTTP
+surface on loopback (lab/engine/sglang/standin/server.py, in this process), and the gate's judgement of what it saw
+(dflash_infra.loadgate): the figures where 0.5.23 puts them, the key read from a file, and the failures the gate
+exists for (acceptance collapsing at concurrency >= 2, requests failing, a slower engine)."""
+
+from __future__ import annotations
+
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from dflash_infra import loadgate
+from helpers import ROOT, run_module
+
+sys.path.insert(0, str(ROOT / "lab" / "engine"))
+from sglang.standin import server as standin  # the stand-in package, not an engine
+
+PROMPTS = [{"name": "code", "messages": [{"role": "user", "content": "Write a Python function."}]},
+           {"name": "math", "messages": [{"role": "user", "content": "What is 180 km in 2.5 hours in km/h?"}]}]
+SETTINGS = {"prompts": PROMPTS, "requests": 12, "max_tokens": 48, "thinking": False, "min_accept_length": 1.5,
+            "max_regression": 0.10, "accept_regression": False}
+KEY = "load-gate-test-key"
+
+
+def serve(**switches: Any) -> tuple[standin.ThreadingHTTPServer, standin.EngineState]:
+    state = standin.EngineState(served_model_name="Qwen3.6-27B", model_path="/models/Qwen3.6-27B",
+                                context_length=262144, server_info={}, model_info={}, num_draft_tokens=16,
+                                eos_token_id=248044, api_key=KEY, **switches)
+    state.ready.set()
+    httpd = standin.make_server("127.0.0.1", 0, state)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    return httpd, state
+
+
+@pytest.fixture
+def key_file(tmp_path: Path) -> Path:
+    path = tmp_path / "engine.env"
+    path.write_text(f"# secrets\nSGLANG_API_KEY={KEY}\n")
+    return path
+
+
+@pytest.fixture
+def engine() -> Iterator[standin.ThreadingHTTPServer]:
+    httpd, _ = serve()
+    yield httpd
+    httpd.shutdown()
+
+
+def load(httpd: standin.ThreadingHTTPServer, key_file: Path, concurrency: list[int], **extra: Any) -> dict[str, Any]:
+    host, port = httpd.server_address[:2]
+    args = {"url": f"http://{host}:{port}", "model": "Qwen3.6-27B", "prompts": PROMPTS, "requests": 12,
+            "concurrency": concurrency, "max_tokens": 48, "api_key_env_file": str(key_file), **extra}
+    result = run_module("dflash_load", args)
+    assert not result.get("failed"), result
+    return result
+
+
+def test_a_healthy_speculative_engine_passes_with_its_figures_read_where_0523_puts_them(
+        engine: standin.ThreadingHTTPServer, key_file: Path) -> None:
+    result = load(engine, key_file, [1, 4])
+    assert result["changed"] is False
+    # Only the spec_* fields travel back (no text, no histograms).
+    answer = result["runs"][0]["outcomes"][0]["answer"]
+    assert set(answer) == {"choices", "sglext"}
+    assert set(answer["choices"][0]["meta_info"]) >= {"spec_accept_length", "spec_verify_ct"}
+    assert not any(k.endswith("_histogram") for k in answer["sglext"]["spec_tokens_details"])
+    figures = loadgate.run_figures(result["runs"])
+    assert [(f["concurrency"], f["requests"], f["failed"]) for f in figures] == [(1, 12, 0), (4, 12, 0)]
+    assert all(f["output_tokens"] == 12 * 48 and f["accept_length_requests"] == 12 for f in figures)
+    assert all(f["accept_length_mean"] > 3 for f in figures), figures
+    verdict = loadgate.verdict(figures, None, SETTINGS, speculative=True)
+    assert verdict["passed"], verdict
+    assert verdict["load"]["inputs"]["prompts"] == ["code", "math"] and verdict["load"]["figures"] == figures
+    # The same figures as the previous deployment's, same inputs: compared, and passing.
+    again = loadgate.verdict(figures, verdict["load"], SETTINGS, speculative=True)
+    assert again["passed"] and "previous deployment:" in again["lines"][0]
+    # Other prompts: recorded without comparing (a regression against other inputs would mean nothing).
+    other = loadgate.verdict(figures, {**verdict["load"], "inputs": {"prompts_sha256": "0"}}, SETTINGS, True)
+    assert other["passed"] and other["lines"][-1].startswith("the previous deployment ran other load inputs")
+
+
+def test_acceptance_collapsing_at_concurrency_fails_the_gate(key_file: Path) -> None:
+    httpd, _ = serve(accept_collapse=True)
+    try:
+        figures = loadgate.run_figures(load(httpd, key_file, [1, 4])["runs"])
+    finally:
+        httpd.shutdown()
+    one, four = figures
+    # Every request that ran beside another accepted nothing (1.0); a worker's first request may have run alone.
+    assert one["accept_length_mean"] > 3 and four["accept_length_mean"] < 1.5, figures
+    verdict = loadgate.verdict(figures, None, SETTINGS, speculative=True)
+    assert not verdict["passed"]
+    assert verdict["problems"] == [f"concurrency 4: mean acceptance length {four['accept_length_mean']} is below 1.5: "
+                                   "the drafter costs time without saving it"]
+
+
+def test_failed_requests_and_a_restart_fail_the_gate(engine: standin.ThreadingHTTPServer, tmp_path: Path) -> None:
+    wrong = tmp_path / "wrong-key"
+    wrong.write_text("not-the-key\n")
+    host, port = engine.server_address[:2]
+    result = run_module("dflash_load", {"url": f"http://{host}:{port}", "model": "Qwen3.6-27B", "prompts": PROMPTS,
+                                        "requests": 3, "concurrency": [2], "api_key_file": str(wrong)})
+    figures = loadgate.run_figures(result["runs"])
+    assert figures[0]["failed"] == 3 and figures[0]["errors"] == ['HTTP 401: {"error":"Unauthorized"}']
+    restarted = loadgate.restart_problem({"restarted": True, "before": {"NRestarts": "0"},
+                                          "after": {"NRestarts": "1", "ActiveState": "activating"}}, "r0.service")
+    verdict = loadgate.verdict(figures, None, SETTINGS, speculative=True, restarted=restarted)
+    assert verdict["problems"][0] == ("r0.service restarted during the load run (NRestarts 0 -> 1, now activating): "
+                                      "it crashed under load")
+    assert verdict["problems"][1].startswith("concurrency 2: 3 of 3 requests failed (HTTP 401")
+    assert loadgate.restart_problem({"restarted": False}, "r0.service") == ""
+
+
+def test_a_slower_engine_fails_against_the_previous_deployment(engine: standin.ThreadingHTTPServer,
+                                                               key_file: Path) -> None:
+    before = loadgate.verdict(loadgate.run_figures(load(engine, key_file, [4])["runs"]), None, SETTINGS, True)
+    slow, _ = serve(step_s=0.002 * 8)
+    try:
+        after = loadgate.run_figures(load(slow, key_file, [4])["runs"])
+    finally:
+        slow.shutdown()
+    verdict = loadgate.verdict(after, before["load"], SETTINGS, speculative=True)
+    assert not verdict["passed"], verdict
+    problem = verdict["problems"][0]
+    assert "below the previous deployment's" in problem and "(at most 10% allowed)" in problem
+    accepted = loadgate.verdict(after, before["load"], {**SETTINGS, "accept_regression": True}, speculative=True)
+    assert accepted["passed"] and accepted["lines"][-1].endswith("accepted on purpose")
