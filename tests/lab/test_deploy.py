@@ -422,9 +422,10 @@ def test_an_api_key_rolls_through_the_replicas_and_the_gateway_and_stays_out_of_
     assert call("/v1/chat/completions", "", body) == 401
     assert call("/generate", "", json.dumps({"text": "hi"}).encode()) == 401
     # A replica holds the same key (the gateway sends it to its workers): no way around the gateway without it.
-    replica = f"http://{fresh_lab.addresses['ct200']}:30001"
-    assert call("/v1/chat/completions", "", body, replica) == 401
-    assert call("/v1/chat/completions", GATEWAY_KEY, body, replica) == 200
+    for port in range(30001, 30001 + len(REPLICAS)):  # every replica took the key in its turn
+        replica = f"http://{fresh_lab.addresses['ct200']}:{port}"
+        assert call("/v1/chat/completions", "", body, replica) == 401, replica
+        assert call("/v1/chat/completions", GATEWAY_KEY, body, replica) == 200, replica
     assert call("/workers") == 401 and call("/workers", GATEWAY_KEY) == 401  # the control plane has its own key
     control = fresh_lab.ssh("ct200", "cat", "/etc/dflash-infra/smg-gateway/control-plane-key").stdout.strip()
     assert len(control) >= 40 and call("/workers", control) == 200
