@@ -1,0 +1,93 @@
+"""The canary's decisions (dflash_infra.canary): the candidate's shape, one side's figures over its rounds, the
+verdict against the baseline and what to write in group_vars to keep a promoted candidate."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import yaml
+
+from dflash_infra import canary
+
+
+def fig(c: int, tok_s: float, *, failed: int = 0, accept: float | None = 5.0, reported: int = 32) -> dict[str, Any]:
+    return {"concurrency": c, "requests": 32, "failed": failed, "output_tokens_per_s": tok_s,
+            "requests_per_s": tok_s / 64, "accept_length_mean": accept,
+            "accept_length_requests": reported if accept is not None else 0}
+
+
+def test_a_candidate_is_every_key_and_names_what_it_cannot_be() -> None:
+    got = canary.candidate({"environment": {"SGLANG_ENABLE_SPEC_V2": "1"}})
+    assert got == {"speculative": {}, "plan_overrides": {}, "environment": {"SGLANG_ENABLE_SPEC_V2": "1"},
+                   "problems": []}
+    bad = canary.candidate({"enviroment": {}, "environment": {"SGLANG_API_KEY": "x", "SGLANG_STANDIN_STEP_MS": 10},
+                            "plan_overrides": "mem_fraction_static=0.7"})
+    assert bad["problems"] == [
+        "candidate: unknown keys ['enviroment']; expected speculative, plan_overrides, environment",
+        "candidate.plan_overrides: expected a mapping, found str",
+        "candidate.environment.SGLANG_API_KEY: set by the deploy itself, not by a candidate",
+        'candidate.environment.SGLANG_STANDIN_STEP_MS: expected a string, found int (quote it: "10")']
+    assert canary.candidate({})["problems"] == [
+        "candidate: nothing to try (speculative, plan_overrides and environment are all empty)"]
+    assert canary.candidate(["dflash"])["problems"] == [
+        "candidate: expected a mapping with speculative, plan_overrides, environment, found list"]
+
+
+def test_rounds_take_the_median_throughput_and_weigh_acceptance_by_the_requests_reporting_it() -> None:
+    rounds = [[fig(1, 100.0), fig(32, 3000.0, accept=6.0)],
+              [fig(1, 300.0), fig(32, 2000.0, failed=2, accept=4.0, reported=16)],
+              [fig(1, 200.0), fig(32, 2500.0, accept=None)]]
+    got = canary.rounds_figures(rounds)
+    assert [f["concurrency"] for f in got] == [1, 32]
+    one, peak = got
+    assert (one["output_tokens_per_s"], one["rounds"], one["requests"], one["failed"]) == (200.0, 3, 96, 0)
+    assert (peak["output_tokens_per_s"], peak["failed"]) == (2500.0, 2)
+    assert peak["accept_length_mean"] == round((6.0 * 32 + 4.0 * 16) / 48, 3)
+    assert canary.rounds_figures([[fig(4, 10.0, accept=None)]])[0]["accept_length_mean"] is None
+
+
+def test_the_candidate_wins_only_by_the_margin_at_every_concurrency() -> None:
+    baseline = [fig(1, 100.0), fig(32, 2000.0)]
+    won = canary.judge(baseline, [fig(1, 110.0), fig(32, 2200.0)], margin=0.05, min_accept_length=1.5,
+                       speculative=True)
+    assert won["promote"] and won["reasons"] == []
+    assert won["lines"] == [
+        "concurrency 1: candidate 110.0 tok/s vs baseline 100.0 tok/s (+10.0%, needs +5.0%); acceptance 5.0 vs 5.0; "
+        "failed 0 vs 0 of 32",
+        "concurrency 32: candidate 2200.0 tok/s vs baseline 2000.0 tok/s (+10.0%, needs +5.0%); acceptance 5.0 vs "
+        "5.0; failed 0 vs 0 of 32",
+        "promote: the candidate wins at every concurrency"]
+    # Faster at one concurrency and within the margin at the other: kept out, naming where.
+    close = canary.judge(baseline, [fig(1, 120.0), fig(32, 2040.0)], margin=0.05, min_accept_length=1.5,
+                         speculative=True)
+    assert not close["promote"]
+    assert close["reasons"] == ["concurrency 32: +2.0% tok/s is not the +5.0% the candidate must win by"]
+    assert close["lines"][-1] == "keep out: " + close["reasons"][0]
+
+
+def test_a_faster_candidate_that_fails_requests_or_collapses_acceptance_is_kept_out() -> None:
+    baseline = [fig(32, 2000.0)]
+    failing = canary.judge(baseline, [fig(32, 4000.0, failed=1)], margin=0.05, min_accept_length=1.5,
+                           speculative=True)
+    assert failing["reasons"] == ["concurrency 32: 1 of the candidate's 32 requests failed"]
+    collapsed = canary.judge(baseline, [fig(32, 4000.0, accept=1.0)], margin=0.05, min_accept_length=1.5,
+                             speculative=True)
+    assert collapsed["reasons"] == ["concurrency 32: the candidate's mean acceptance length 1.0 is below 1.5"]
+    # Without speculation (a candidate turning it off) acceptance is not asked for; speed still is.
+    plain = canary.judge(baseline, [fig(32, 2500.0, accept=None)], margin=0.05, min_accept_length=1.5,
+                         speculative=False)
+    assert plain["promote"] and "acceptance None vs 5.0" in plain["lines"][0]
+    unmeasured = canary.judge([], [fig(32, 2500.0)], margin=0.05, min_accept_length=1.5, speculative=True)
+    assert unmeasured["reasons"] == ["concurrency 32: the baseline was not measured there"]
+    assert canary.judge(baseline, [], margin=0.05, min_accept_length=1.5,
+                        speculative=True)["reasons"] == ["the candidate was not measured"]
+
+
+def test_keeping_a_promoted_candidate_writes_the_merged_settings_it_changed() -> None:
+    cand = canary.candidate({"speculative": {"block_size": 8, "draft_window": 8},
+                             "environment": {"SGLANG_ENABLE_SPEC_V2": "1"}})
+    lines = canary.keep_lines(cand, {"algorithm": "dflash", "block_size": 16, "draft_window": 16},
+                              {"mem_fraction_static": 0.8}, {"DFLASH_LAB_MARKER": "x"})
+    assert yaml.safe_load("\n".join(lines)) == {
+        "dflash_speculative": {"algorithm": "dflash", "block_size": 8, "draft_window": 8},
+        "sglang_service_extra_environment": {"DFLASH_LAB_MARKER": "x", "SGLANG_ENABLE_SPEC_V2": "1"}}
