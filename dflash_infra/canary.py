@@ -15,6 +15,7 @@ truth: a promoted candidate is kept only once it is in group_vars (`keep_lines` 
 
 from __future__ import annotations
 
+import json
 import statistics
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -25,8 +26,17 @@ RESERVED_ENVIRONMENT = ("SGLANG_API_KEY", "CUDA_VISIBLE_DEVICES")
 
 
 def candidate(value: Any) -> dict[str, Any]:
-    """The candidate with every key present, and its problems (an empty candidate is one)."""
+    """The candidate with every key present, and its problems (an empty candidate is one). A string is read as
+    YAML (JSON included): `-e 'candidate={"speculative": {"block_size": 8}}'` passes one."""
     problems: list[str] = []
+    if isinstance(value, str):
+        import yaml  # ansible's dependency, on every controller
+
+        try:
+            value = yaml.safe_load(value)
+        except yaml.YAMLError as exc:
+            return {"speculative": {}, "plan_overrides": {}, "environment": {},
+                    "problems": [f"candidate: not YAML or JSON ({str(exc).splitlines()[0]})"]}
     if not isinstance(value, Mapping):
         return {"speculative": {}, "plan_overrides": {}, "environment": {},
                 "problems": [f"candidate: expected a mapping with {', '.join(KEYS)}, found {type(value).__name__}"]}
@@ -51,6 +61,57 @@ def candidate(value: Any) -> dict[str, Any]:
     return {**out, "problems": problems}
 
 
+def _flag_values(argv: Sequence[str]) -> dict[str, list[str]]:
+    """An engine argv as {--flag: its values} (`--flag=value` is one flag with its value)."""
+    out: dict[str, list[str]] = {}
+    flag = ""
+    for word in map(str, argv):
+        if word.startswith("--"):
+            flag, _, value = word.partition("=")
+            out[flag] = [value] if value else []
+        elif flag:
+            out[flag].append(word)
+    return out
+
+
+def _shown(values: list[str] | None) -> str:
+    return "(absent)" if values is None else " ".join(values) or "(on)"
+
+
+def changes(baseline: Mapping[str, Any], cand: Mapping[str, Any], index: int, base_env: Mapping[str, Any],
+            cand_env: Mapping[str, Any]) -> dict[str, Any]:
+    """What the candidate's plan (`cand`, the planner's, as `baseline` is) and environment change on replica `index`:
+    `lines` (one per flag or variable: old -> new) and `problems`: the candidate must keep the baseline's replicas
+    (GPUs, ports: the gateway and the other replicas stay as they are) and must change something on the replica."""
+    problems: list[str] = []
+
+    def layout(plan: Mapping[str, Any]) -> list[tuple[int, tuple[int, ...], str]]:
+        return [(int(r["index"]), tuple(int(g) for g in r["gpu_ids"]), str(r["url"]))
+                for r in plan.get("replicas") or []]
+
+    def shown(plan: Mapping[str, Any]) -> str:
+        return ", ".join(f"r{i} GPUs {','.join(map(str, g))} at {u}" for i, g, u in layout(plan))
+
+    if layout(cand) != layout(baseline):
+        problems.append(f"the candidate's plan changes the replicas ({shown(cand)}; the baseline's: {shown(baseline)}):"
+                        " a canary changes one replica's settings, not the topology; deploy a new topology with "
+                        "deploy_dflash.yml")
+    lines: list[str] = []
+    replicas = baseline.get("replicas") or []
+    if 0 <= index < len(replicas) and not problems:
+        old = _flag_values((baseline["replicas"][index]).get("args") or [])
+        new = _flag_values((cand["replicas"][index]).get("args") or [])
+        for flag in sorted(set(old) | set(new)):
+            if old.get(flag) != new.get(flag):
+                lines.append(f"{flag}: {_shown(old.get(flag))} -> {_shown(new.get(flag))}")
+        for name in sorted(set(base_env) | set(cand_env)):
+            if base_env.get(name) != cand_env.get(name):
+                lines.append(f"{name}={base_env.get(name, '(unset)')} -> {cand_env.get(name, '(unset)')}")
+        if not lines:
+            problems.append("the candidate plans the same engine and environment as the baseline: nothing to try")
+    return {"lines": lines, "problems": problems}
+
+
 def rounds_figures(rounds: Sequence[Sequence[Mapping[str, Any]]]) -> list[dict[str, Any]]:
     """One side's figures over its rounds, per concurrency: the median output tokens/s and requests/s, the failed and
     total requests summed, the mean acceptance length over every request that reported one."""
@@ -72,13 +133,33 @@ def rounds_figures(rounds: Sequence[Sequence[Mapping[str, Any]]]) -> list[dict[s
     return out
 
 
+def measured(results: Sequence[Mapping[str, Any]], name: str) -> dict[str, Any]:
+    """The measurement's load runs (the dflash_load task's loop `results`, each `item` {side: baseline|candidate}):
+    each side's figures over its rounds (`rounds_figures` of the load gate's figures) and the candidate's
+    `problems` (its engine, unit `name`, restarted during a run)."""
+    from dflash_infra import loadgate
+
+    sides: dict[str, list[list[dict[str, Any]]]] = {"baseline": [], "candidate": []}
+    problems: list[str] = []
+    for result in results:
+        side = str((result.get("item") or {}).get("side"))
+        if side not in sides:
+            raise ValueError(f"canary measurement: a run of side {side!r}; expected baseline or candidate")
+        sides[side].append(loadgate.run_figures(result.get("runs") or []))
+        if side == "candidate" and (problem := loadgate.restart_problem(result.get("unit"), name)):
+            problems.append(problem)
+    return {"baseline": rounds_figures(sides["baseline"]), "candidate": rounds_figures(sides["candidate"]),
+            "problems": problems}
+
+
 def judge(baseline: Sequence[Mapping[str, Any]], candidate_figures: Sequence[Mapping[str, Any]], *, margin: float,
-          min_accept_length: float, speculative: bool) -> dict[str, Any]:
+          min_accept_length: float, speculative: bool, problems: Sequence[str] = ()) -> dict[str, Any]:
     """Whether the candidate wins (rounds_figures of each side): `promote`, the `lines` side by side and `reasons`
-    (why it did not win; empty when it did)."""
+    (why it did not win; empty when it did). `problems`: what else went wrong with the candidate during its rounds
+    (a restart under load), each a reason."""
     base = {int(f["concurrency"]): f for f in baseline}
     lines: list[str] = []
-    reasons: list[str] = []
+    reasons: list[str] = [str(p) for p in problems if p]
     for now in candidate_figures:
         c = int(now["concurrency"])
         old = base.get(c)
@@ -120,4 +201,6 @@ def keep_lines(cand: Mapping[str, Any], speculative: Mapping[str, Any], override
                                       ("dflash_plan_overrides", "plan_overrides", overrides),
                                       ("sglang_service_extra_environment", "environment", environment))
               if cand.get(key)}
-    return yaml.safe_dump(merged, sort_keys=True, default_flow_style=False).splitlines()
+    # Plain types for the dumper: Ansible hands its strings over as str subclasses (tagged with their origin).
+    plain = json.loads(json.dumps(merged))
+    return yaml.safe_dump(plain, sort_keys=True, default_flow_style=False).splitlines()

@@ -428,6 +428,19 @@ def gateway_todo(state: Mapping[str, Any], paths: Mapping[str, str], unit: str, 
     return todo
 
 
+def gateway_key_first(state: Mapping[str, Any], paths: Mapping[str, str], unit: str, api_key: str) -> bool:
+    """Whether the gateway takes the endpoint's API key before the replicas roll: the key is new (the running
+    gateway has no key file) and the gateway runs. A keyless engine accepts requests that carry a key, so the gateway
+    restarted first with the key serves every replica, and each replica then takes the key in its turn. The other
+    order fails the first keyed replica a gateway without the key reaches: after a power-off mid-rollout the old
+    gateway's startup registration of that replica is refused (401) and retried without end, and every add of it is
+    refused as already in progress (409). The key itself leaves this function only as a boolean."""
+    from dflash_infra import host_state
+
+    running = ((state.get("units") or {}).get(unit) or {}).get("ActiveState") == "active"
+    return bool(api_key) and running and not host_state.path_entry(state, paths["api_key"]).get("exists")
+
+
 def gateway_record(previous: Mapping[str, Any] | None, venv: Mapping[str, Any], lock_file: str, version: str,
                    unit_sha256: str, section: Mapping[str, Any], now: str) -> dict[str, Any]:
     """What the gateway's record (smg-gateway.json) says: the smg release, the lock it was installed from (file,

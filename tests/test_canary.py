@@ -86,8 +86,42 @@ def test_a_faster_candidate_that_fails_requests_or_collapses_acceptance_is_kept_
 def test_keeping_a_promoted_candidate_writes_the_merged_settings_it_changed() -> None:
     cand = canary.candidate({"speculative": {"block_size": 8, "draft_window": 8},
                              "environment": {"SGLANG_ENABLE_SPEC_V2": "1"}})
-    lines = canary.keep_lines(cand, {"algorithm": "dflash", "block_size": 16, "draft_window": 16},
-                              {"mem_fraction_static": 0.8}, {"DFLASH_LAB_MARKER": "x"})
+    class Tagged(str):  # Ansible's strings reach a filter as str subclasses
+        pass
+
+    lines = canary.keep_lines(cand, {"algorithm": Tagged("dflash"), "block_size": 16, "draft_window": 16},
+                              {"mem_fraction_static": 0.8}, {Tagged("DFLASH_LAB_MARKER"): Tagged("x")})
     assert yaml.safe_load("\n".join(lines)) == {
         "dflash_speculative": {"algorithm": "dflash", "block_size": 8, "draft_window": 8},
         "sglang_service_extra_environment": {"DFLASH_LAB_MARKER": "x", "SGLANG_ENABLE_SPEC_V2": "1"}}
+
+
+def plan(block: int, gpus: tuple[tuple[int, int], ...] = ((0, 1), (2, 3))) -> dict[str, Any]:
+    return {"replicas": [{"index": i, "gpu_ids": list(g), "url": f"http://127.0.0.1:{30001 + i}",
+                          "args": ["--model-path", "/m", "--speculative-num-draft-tokens", str(block),
+                                   "--port", str(30001 + i), *(["--enable-x"] if block == 8 else [])]}
+                         for i, g in enumerate(gpus)]}
+
+
+def test_a_candidate_given_as_a_string_is_read_as_yaml() -> None:
+    assert canary.candidate('{"speculative": {"block_size": 8}}')["speculative"] == {"block_size": 8}
+    assert canary.candidate("{unclosed")["problems"][0].startswith("candidate: not YAML or JSON (")
+
+
+def test_the_changes_on_the_canary_replica_are_its_flags_and_environment_old_to_new() -> None:
+    got = canary.changes(plan(16), plan(8), 1, {"STEP": "20"}, {"STEP": "40", "SPEC_V2": "1"})
+    assert got == {"problems": [], "lines": ["--enable-x: (absent) -> (on)", "--speculative-num-draft-tokens: 16 -> 8",
+                                             "SPEC_V2=(unset) -> 1", "STEP=20 -> 40"]}
+    same = canary.changes(plan(16), plan(16), 1, {"STEP": "20"}, {"STEP": "20"})
+    assert same["problems"] == ["the candidate plans the same engine and environment as the baseline: nothing to try"]
+    moved = canary.changes(plan(16), plan(16, ((0, 1, 2, 3),)), 0, {}, {"STEP": "1"})
+    assert moved["lines"] == [] and moved["problems"] == [
+        "the candidate's plan changes the replicas (r0 GPUs 0,1,2,3 at http://127.0.0.1:30001; the baseline's: r0 GPUs "
+        "0,1 at http://127.0.0.1:30001, r1 GPUs 2,3 at http://127.0.0.1:30002): a canary changes one replica's "
+        "settings, not the topology; deploy a new topology with deploy_dflash.yml"]
+
+
+def test_a_restart_under_load_keeps_a_faster_candidate_out() -> None:
+    got = canary.judge([fig(32, 2000.0)], [fig(32, 4000.0)], margin=0.05, min_accept_length=1.5, speculative=True,
+                       problems=["r1 restarted during the load run", ""])
+    assert not got["promote"] and got["reasons"] == ["r1 restarted during the load run"]

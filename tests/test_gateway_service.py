@@ -132,3 +132,19 @@ def test_the_gateways_record_names_its_lock_and_is_kept_while_nothing_changed() 
     one = {**section, "workers": section["workers"][:1]}
     fewer = serving.gateway_record(first, venv, lock, "1.13.0", "c" * 64, one, "2026-12-02T02:00:00")
     assert fewer["deployed_at"] == "2026-12-02T02:00:00" and fewer["workers"] == ["http://127.0.0.1:30001"]
+
+
+def test_a_new_api_key_goes_to_the_running_gateway_before_the_replicas_roll() -> None:
+    def first(state: dict[str, Any], key: str = "k") -> bool:
+        return serving.gateway_key_first(state, PATHS, "smg-gateway.service", key)
+
+    keyless = converged()
+    del keyless["files"][PATHS["credentials"]]["children"]["api-key"]
+    assert first(keyless) is True
+    assert first(keyless, key="") is False  # no key wanted: the usual order
+    assert first(converged()) is False  # the gateway has a key already (the same or another: the usual order)
+    stopped = converged()
+    del stopped["files"][PATHS["credentials"]]["children"]["api-key"]
+    stopped["units"]["smg-gateway.service"]["ActiveState"] = "inactive"
+    assert first(stopped) is False  # nothing to restart first: it starts after the replicas
+    assert first({}) is False  # a fresh host

@@ -4,10 +4,12 @@ through the gateway (dflash_serve_through_gateway): four engine stand-ins of tp 
 tools/load.py; bounded by users and a SIGTERM when the play ends, loopback only).
 
 Order is the operator's: the single-process deploy migrated by the first gateway deploy, the no-op re-run and a
-dry run of a changed plan, the benchmark, a rolling redeploy of a changed plan under load, a replica failing its
-gates mid-rollout under load, one crashing under its load gate, one replica SIGKILLed under load, a changed gateway
-setting (its restart is the one outage). The user's way back to training (stop_serving.yml, resume) and the keys
-are tests/lab/test_deploy.py's, on the same topology.
+dry run of a changed plan, the benchmark, a losing canary (checked, then kept out), a winning one promoted under load
+(the rolling redeploy of a changed plan: every replica drained, restarted and put back one at a time, no request
+failed), a replica failing its gates mid-rollout under load, one crashing under its load gate, one replica SIGKILLed
+under load, a changed gateway setting with the promoted candidate's settings kept (its restart is the one outage).
+The user's way back to training (stop_serving.yml, resume) and the keys are tests/lab/test_deploy.py's, on the same
+topology.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
+import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from helpers import ROOT, ansible_environment, tool
@@ -148,22 +151,71 @@ def test_the_benchmark_measures_the_endpoint_through_the_gateway_and_changes_not
     assert recap(result)["changed"] == 0 and routed.changeable_state() == before
 
 
-def test_a_rolling_redeploy_of_a_changed_plan_under_load_fails_no_request(routed: LabHandle, tmp_path: Path) -> None:
-    load = Load(f"http://{routed.addresses['ct200']}:30000", tmp_path / "load")
-    result = play("deploy_dflash.yml", extra={"dflash_plan_overrides": {"max_running_requests": 24}})
-    figures = load.stop()
-    assert result.returncode == 0, result.stdout[-5000:]
-    for i in range(4):
-        assert f"replica {i}: sglang-qwen-r{i}.service on GPUs {2 * i},{2 * i + 1}" in result.stdout
-        assert "ExecStart=" in (unit := routed.ssh("ct200", "systemctl", "cat", REPLICAS[i]).stdout)
-        assert re.search(r"--max-running-requests\s+24", unit), unit
-    assert result.stdout.count("drained, restarted and added back") == 4, result.stdout[-3000:]
-    assert "smg-gateway.service" not in re.findall(r"changed: \[ct200\].*", result.stdout)
-    assert figures["requests"] > 100 and figures["failed"] == 0, figures
-    # Each replica's load gate ran at the new plan's concurrency (24); the previous deployment ran 32, so there is
-    # nothing to compare with at 24 (tests/lab/test_deploy.py compares a redeploy at the same concurrency).
+# The canary (playbooks/canary.yml): candidates of the stand-in's step time, twice as slow and twice as fast as the
+# inventory's 20 ms (inventory/lab/group_vars/proxmox_containers.yml); the canary is r3, the baseline r0.
+LOSING = {"environment": {"SGLANG_STANDIN_STEP_MS": "40"}}
+# Promoted under load: the four replicas drained, restarted on the candidate's plan and put back one at a time.
+WINNING = {"plan_overrides": {"max_running_requests": 24}, "environment": {"SGLANG_STANDIN_STEP_MS": "10"}}
+# What the winning canary said to put in group_vars; the later deploys run with it (they then change no replica).
+KEPT: dict[str, Any] = {}
+
+
+def canary_record(lab: LabHandle) -> dict[str, Any]:
+    return json.loads(lab.ssh("ct200", "cat", "/var/lib/dflash-infra/canary.json").stdout)
+
+
+def test_a_losing_candidate_is_checked_then_kept_out_and_its_replica_returns_to_the_baseline(routed: LabHandle) -> None:
+    before = {u: routed.ssh("ct200", "systemctl", "cat", u).stdout for u in REPLICAS}
+    state = routed.changeable_state()
+    check = play("playbooks/canary.yml", "--check", extra={"candidate": LOSING})
+    out = " ".join(check.stdout.split())
+    assert check.returncode == 0, out[-3000:]
+    assert ("ct200: canary sglang-qwen-r3.service (GPUs 6,7) would take the candidate, measured against "
+            "sglang-qwen-r0.service in 2 rounds; promoted when it wins by +5.0% at every concurrency:' - "
+            "SGLANG_STANDIN_STEP_MS=20 -> 40") in out, out[-3000:]
+    assert recap(check)["changed"] == 0 and routed.changeable_state() == state
+
+    result = play("playbooks/canary.yml", extra={"candidate": LOSING})
     out = " ".join(result.stdout.split())
+    assert result.returncode == 0, out[-5000:]
+    lost = re.search(r"ct200: canary: concurrency 32: candidate ([0-9.]+) tok/s vs baseline ([0-9.]+) tok/s "
+                     r"\((-[0-9.]+)%, needs \+5.0%\); acceptance [0-9.]+ vs [0-9.]+; failed 0 vs 0 of 64", out)
+    assert lost, out[-3000:]
+    assert f"keep out: concurrency 32: {lost.group(3)}% tok/s is not the +5.0% the candidate must win by" in out
+    print(f"\nlosing canary: {lost.group(1)} tok/s vs baseline {lost.group(2)} ({lost.group(3)}%)")
+    assert {u: routed.ssh("ct200", "systemctl", "cat", u).stdout for u in REPLICAS} == before
+    assert all(unit_state(routed, u)[0] == "active" for u in REPLICAS)
+    record = canary_record(routed)
+    assert (record["promote"], record["outcome"], record["canary"]) == (
+        False, "the canary replica back on the baseline", "sglang-qwen-r3.service")
+    assert record["changes"] == ["SGLANG_STANDIN_STEP_MS=20 -> 40"]
+    assert [f["rounds"] for f in record["figures"]["candidate"]] == [2]
+
+
+def test_a_winning_candidate_is_promoted_to_every_replica_under_load_failing_no_request(
+        routed: LabHandle, tmp_path: Path) -> None:
+    load = Load(f"http://{routed.addresses['ct200']}:30000", tmp_path / "load")
+    result = play("playbooks/canary.yml", extra={"candidate": WINNING})
+    figures = load.stop()
+    out = " ".join(result.stdout.split())
+    assert result.returncode == 0, out[-5000:]
+    assert "ct200: canary: promote: the candidate wins at every concurrency" in out, out[-3000:]
+    for unit in (routed.ssh("ct200", "systemctl", "cat", u).stdout for u in REPLICAS):
+        assert re.search(r"--max-running-requests\s+24", unit), unit
+        assert 'Environment="SGLANG_STANDIN_STEP_MS=10"' in unit, unit
+    # Each replica's turn passed its load gate at the candidate's concurrency; the gateway kept running.
     assert out.count("load gate: concurrency 24: 32 requests, 0 failed") == 4, out[-3000:]
+    assert "smg-gateway.service" not in re.findall(r"changed: \[ct200\].*", result.stdout)
+    print(f"\npromotion under load: {figures['requests']} requests, {figures['failed']} failed")
+    assert figures["requests"] > 100 and figures["failed"] == 0, figures
+    assert canary_record(routed)["outcome"] == "promoted to every replica"
+    keep = ("Keep it: put these lines in the group_vars of pro6000 (until then the next deploy_dflash.yml rolls the "
+            "replicas back to the settings of the inventory):'")
+    assert keep in out and "max_running_requests: 24" in out.split(keep)[1], out[-3000:]
+    lines = canary_record(routed)["keep"]
+    KEPT.update(yaml.safe_load("\n".join(lines)))
+    assert KEPT == {"dflash_plan_overrides": {"max_running_requests": 24},
+                    "sglang_service_extra_environment": {"SGLANG_STANDIN_STEP_MS": "10"}}, lines
 
 
 def test_a_replica_failing_its_gates_mid_rollout_is_rolled_back_alone_and_the_endpoint_stays_up(
@@ -242,8 +294,12 @@ def test_a_changed_gateway_setting_restarts_only_the_gateway_and_the_outage_is_m
         routed: LabHandle, tmp_path: Path) -> None:
     ct200 = routed.addresses["ct200"]
     settings = {"worker_host": ct200, "prometheus_host": ct200, "retry_max_retries": 5}
-    plan = {"dflash_plan_overrides": {"max_running_requests": 24}}
-    assert play("deploy_dflash.yml", extra=plan).returncode == 0  # the replicas as the earlier tests leave them
+    plan = dict(KEPT)  # the promoted canary's settings, as the team keeps them in group_vars
+    # The replicas as the earlier tests leave them: the promoted candidate's (the failed rollouts were rolled back;
+    # the replica rolled back is gated and recorded again, and the lock of the failed run taken over): no restart.
+    kept = play("deploy_dflash.yml", extra=plan)
+    assert kept.returncode == 0, kept.stdout[-3000:]
+    assert "restarted and added back" not in " ".join(kept.stdout.split()), kept.stdout[-3000:]
     load = Load(f"http://{ct200}:30000", tmp_path / "load")
     result = play("deploy_dflash.yml", extra={**plan, "dflash_gateway_settings": settings})
     figures = load.stop()
