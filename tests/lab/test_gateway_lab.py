@@ -7,9 +7,9 @@ Order is the operator's: the single-process deploy migrated by the first gateway
 dry run of a changed plan, the benchmark, a losing canary (checked, then kept out), a winning one promoted under load
 (the rolling redeploy of a changed plan: every replica drained, restarted and put back one at a time, no request
 failed), a replica failing its gates mid-rollout under load, one crashing under its load gate, one replica SIGKILLed
-under load, a changed gateway setting with the promoted candidate's settings kept (its restart is the one outage).
-The user's way back to training (stop_serving.yml, resume) and the keys are tests/lab/test_deploy.py's, on the same
-topology.
+under load, a changed gateway setting with the promoted candidate's settings kept (its restart is the one outage),
+a candidate whose acceptance collapses under load failing on the canary. The user's way back to training
+(stop_serving.yml, resume) and the keys are tests/lab/test_deploy.py's, on the same topology.
 """
 
 from __future__ import annotations
@@ -314,3 +314,29 @@ def test_a_changed_gateway_setting_restarts_only_the_gateway_and_the_outage_is_m
     print(f"\ngateway restart: play says {outage.group(1)} s down; load client {figures['requests']} requests, "
           f"{figures['failed']} failed")
     assert figures["requests"] > 50
+
+
+def test_a_candidate_whose_acceptance_collapses_under_load_fails_on_the_canary_and_is_rolled_back(
+        routed: LabHandle, tmp_path: Path) -> None:
+    """Acceptance collapsing to 1.0 at concurrency >= 2 (the full-CUDA-graph verify fault; the stand-in's
+    SGLANG_STANDIN_ACCEPT_COLLAPSE): the canary replica passes its readiness gates (one request at a time) and fails
+    its load gate, is rolled back alone and put back; the play fails naming it; the endpoint serves throughout."""
+    ct200 = routed.addresses["ct200"]
+    # The host as the previous test left it: the kept candidate's settings and the changed gateway setting.
+    settings = {**KEPT, "dflash_gateway_settings": {"worker_host": ct200, "prometheus_host": ct200,
+                                                    "retry_max_retries": 5}}
+    before = {u: routed.ssh("ct200", "systemctl", "cat", u).stdout for u in REPLICAS}
+    collapse = {"environment": {"SGLANG_STANDIN_ACCEPT_COLLAPSE": "1"}}
+    load = Load(f"http://{ct200}:30000", tmp_path / "load")
+    result = play("playbooks/canary.yml", extra={**settings, "candidate": collapse})
+    figures = load.stop()
+    out = " ".join(result.stdout.split())
+    assert result.returncode != 0, out[-3000:]
+    assert re.search(r"sglang-qwen-r3.service failed the load gate: concurrency 24: mean acceptance length "
+                     r"1(\.\d+)? is below 1.5", out), out[-5000:]
+    assert "replica 3 (sglang-qwen-r3.service, GPUs 6,7) failed its turn of the rollout" in out, out[-5000:]
+    assert "Back in the gateway on its old unit" in out, out[-5000:]
+    assert {u: routed.ssh("ct200", "systemctl", "cat", u).stdout for u in REPLICAS} == before
+    assert all(unit_state(routed, u)[0] == "active" for u in REPLICAS)
+    print(f"\ncollapsing canary: {figures['requests']} requests through the gateway, {figures['failed']} failed")
+    assert figures["requests"] > 50 and figures["failed"] == 0, figures
