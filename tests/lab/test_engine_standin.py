@@ -775,6 +775,7 @@ class Routed:
     gateway: subprocess.Popen[bytes]
     log: Path
     engines: list[Proc]
+    metrics_url: str  # the gateway's Prometheus port (--prometheus-port)
 
 
 def start_gateway(smg_python: Path, tmp: Path, workers: int) -> tuple[dict[str, Any], Path, Path,
@@ -813,7 +814,8 @@ def routed(venv_python: Path, smg_python: Path, planner_argv: list[str], gpu_pro
         while ctl(url, credentials, "ready", "--workers", *section["workers"])[0] != 0:
             assert popen.poll() is None, log.read_text()[-3000:]
             time.sleep(0.2)
-        yield Routed(url, section["workers"], credentials, popen, log, engines)
+        yield Routed(url, section["workers"], credentials, popen, log, engines,
+                     f"http://127.0.0.1:{section['settings']['prometheus_port']}/metrics")
     finally:
         popen.terminate()
         popen.wait(timeout=30)
@@ -833,6 +835,29 @@ def test_the_gateway_serves_both_engines_with_the_key_and_refuses_without(routed
     assert call(routed.url + "/v1/chat/completions", "", chat)[0] == 401
     assert call(routed.url + "/workers", DATA_KEY)[0] == 401  # the endpoint's key is not the control plane's
     assert call(routed.url + "/workers", CONTROL_KEY)[0] == 200
+
+
+@pytest.mark.smg_parser
+def test_the_gateway_exports_the_metrics_the_dashboard_reads(routed: Routed) -> None:
+    """smg 1.13.0's own Prometheus port, after requests through it: every gateway metric of dashboards/dflash.json
+    is there, labelled by the worker's URL where the dashboard groups by worker; each engine's /metrics counted its
+    share."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    sys.path.insert(0, str(REPO / "tools"))
+    import grafana_dashboard  # tools/ is no package
+
+    chat = {"model": "Qwen3.6-27B", "messages": [{"role": "user", "content": "metrics"}], "max_tokens": 8}
+    for _ in range(4):
+        assert call(routed.url + "/v1/chat/completions", DATA_KEY, chat)[0] == 200
+    with urllib.request.urlopen(routed.metrics_url) as response:
+        samples = [s for f in text_string_to_metric_families(response.read().decode()) for s in f.samples]
+    names = {s.name for s in samples}
+    assert set(grafana_dashboard.GATEWAY_METRICS) <= names, sorted(n for n in names if n.startswith("smg_"))
+    workers = {s.labels.get("worker") for s in samples if s.name == "smg_worker_requests_active"}
+    assert workers and workers <= set(routed.workers), workers  # the workers' URLs (cache_aware may pick one)
+    served = [value(scrape(engine), "sglang:num_requests_total") for engine in routed.engines]
+    assert sum(served) >= 4
 
 
 @pytest.mark.smg_parser
