@@ -84,6 +84,10 @@ def promtool() -> Path:
         PROMTOOL_CACHE.mkdir(parents=True)
         got = subprocess.run(["apt-get", "download", "prometheus"], cwd=PROMTOOL_CACHE, capture_output=True,
                              text=True, check=False)
+        if got.returncode != 0:  # a machine without package lists yet
+            subprocess.run(["apt-get", "update", "-qq"], capture_output=True, text=True, check=False)
+            got = subprocess.run(["apt-get", "download", "prometheus"], cwd=PROMTOOL_CACHE, capture_output=True,
+                                 text=True, check=False)
         assert got.returncode == 0, f"apt-get download prometheus failed (run apt-get update?):\n{got.stderr}"
         (deb,) = PROMTOOL_CACHE.glob("prometheus_*.deb")
         subprocess.run(["dpkg-deb", "-x", str(deb), str(PROMTOOL_CACHE / "root")], check=True)
