@@ -14,8 +14,9 @@ PLAYBOOKS := deploy_dflash.yml $(wildcard playbooks/*.yml)
 # What mypy checks strictly (pyproject.toml [tool.mypy]); library/ and module_utils/ once they exist.
 TYPED := $(wildcard dflash_infra library module_utils action_plugins callback_plugins)
 PYTEST_ARGS ?= --durations=25
-# The unit tier: no lab, no SGLang parser venv, no engine stand-in wheel; it runs first and stops at a failure.
-UNIT := -m "not lab and not sglang_parser and not smg_parser and not standin"
+# The unit tier: no lab, no SGLang parser venv, no engine stand-in wheel, no promtool; it runs first and stops at a
+# failure.
+UNIT := -m "not lab and not sglang_parser and not smg_parser and not standin and not promtool"
 
 .PHONY: help setup lock locks wheelhouse lab-standin sglang-env sglang-flags lint syntax test test-unit plan bench-plan bench-sync bench-deploy bench-serve device-check lab-wheels lab-up lab-1-up lab-down lab-status demo clean
 
@@ -71,7 +72,7 @@ LAB_TIER := -m lab
 LAB_1_LOG := .cache/test-lab-1.log
 LAB_1_TESTS := tests/lab/test_demo.py tests/lab/test_molecule.py tests/lab/test_gateway_lab.py tests/lab/test_proxmox_lab.py
 LAB_1_ENV := LAB_INSTANCE=1 LAB_STATE_DIR=$(abspath .cache/lab-1)
-BESIDE_TIER := -m "(sglang_parser or smg_parser or standin) and not lab"
+BESIDE_TIER := -m "(sglang_parser or smg_parser or standin or promtool) and not lab"
 
 test: setup ## everything CI runs: the unit tier first (with the slow set-up behind it), lint, real-parser and lab tests
 	@mkdir -p .cache

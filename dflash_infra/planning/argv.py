@@ -133,6 +133,8 @@ def engine_values(request: Request, topology: Topology, chosen: Layout, context:
         "chunked_prefill_size": chosen.chunked_prefill_size,
         "cuda_graph_max_bs": min(chosen.cuda_graph_max_bs, chosen.max_running),
         "mamba_full_memory_ratio": MAMBA_FULL_MEMORY_RATIO if request.target.is_hybrid else None,
+        # Prometheus /metrics on the engine's own port (where it listens: loopback behind the gateway).
+        "enable_metrics": True,
         **kernels.settings,
     }
     if spec.enabled:

@@ -16,6 +16,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -545,6 +546,88 @@ def test_fail_generate_answers_500(venv_python: Path, planner_argv: list[str], t
         stop(proc)
 
 
+# What SGLang 0.5.23 exports with --enable-metrics (srt/metrics/collector.py; labels as scheduler_metrics_mixin.py and
+# tokenizer_manager.py set them): the stand-in's names, types and label names must be these.
+SCHEDULER_LABELS = {"model_name", "engine_type", "tp_rank", "pp_rank"}
+TOKENIZER_LABELS = {"model_name", "engine_type"}
+ENGINE_METRICS = {"sglang:num_running_reqs": "gauge", "sglang:num_queue_reqs": "gauge",
+                  "sglang:gen_throughput": "gauge", "sglang:spec_accept_length": "gauge",
+                  "sglang:spec_accept_rate": "gauge", "sglang:max_total_num_tokens": "gauge",
+                  "sglang:prompt_tokens": "counter", "sglang:generation_tokens": "counter",
+                  "sglang:num_requests": "counter", "sglang:num_aborted_requests": "counter"}
+
+
+def scrape(proc: Proc) -> dict[str, Any]:
+    """/metrics parsed by prometheus_client's own parser: family name -> family."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(proc.url("/metrics")) as response:
+        assert response.headers["content-type"] == "text/plain; version=0.0.4; charset=utf-8"
+        text = response.read().decode()
+    return {family.name: family for family in text_string_to_metric_families(text)}
+
+
+def value(families: dict[str, Any], name: str) -> float:
+    family = families[name.removesuffix("_total")]
+    (sample,) = [s for s in family.samples if s.name == name]
+    return float(sample.value)
+
+
+def test_metrics_are_sglang_s_names_and_follow_the_requests(venv_python: Path, planner_argv: list[str],
+                                                            tmp_path: Path, gpu_profile: Path) -> None:
+    assert "--enable-metrics" in planner_argv
+    proc = start(venv_python, planner_argv, tmp_path, gpu_profile, {"SGLANG_STANDIN_STEP_MS": "100"})
+    try:
+        wait_ready(proc)
+        idle = scrape(proc)
+        assert {name: family.type for name, family in idle.items()} == ENGINE_METRICS
+        for name, family in idle.items():
+            (sample,) = family.samples
+            assert set(sample.labels) == (SCHEDULER_LABELS if family.type == "gauge" else TOKENIZER_LABELS), name
+            assert (sample.labels["model_name"], sample.labels["engine_type"]) == ("Qwen3.6-27B", "unified")
+        assert value(idle, "sglang:num_requests_total") == 0 and value(idle, "sglang:num_running_reqs") == 0
+        assert value(idle, "sglang:max_total_num_tokens") > 0  # the stand-in's KV pool, as its start-up log says
+
+        metas: list[dict[str, Any]] = []
+        prompts = ["Explain speculative decoding.", "Write a sort in Python.", "What is 17 * 23?"]
+
+        def one(prompt: str) -> None:
+            raw = http(proc.url("/generate"), {"text": prompt, "sampling_params": {"max_new_tokens": 48}})[1]
+            metas.append(json.loads(raw)["meta_info"])
+
+        threads = [threading.Thread(target=one, args=(p,)) for p in prompts]
+        for t in threads:
+            t.start()
+        deadline = time.monotonic() + 5
+        while value(scrape(proc), "sglang:num_running_reqs") < len(prompts):  # each holds its slot for steps x 0.1 s
+            assert time.monotonic() < deadline, "the requests in flight never showed as running"
+            time.sleep(0.02)
+        assert value(scrape(proc), "sglang:num_queue_reqs") == 0  # the plan's max_running_requests is above 3
+        for t in threads:
+            t.join()
+
+        after = scrape(proc)
+        assert value(after, "sglang:num_running_reqs") == 0
+        assert value(after, "sglang:num_requests_total") == len(prompts)
+        assert value(after, "sglang:generation_tokens_total") == sum(m["completion_tokens"] for m in metas) == 144
+        assert value(after, "sglang:prompt_tokens_total") == sum(m["prompt_tokens"] for m in metas)
+        assert value(after, "sglang:spec_accept_length") == pytest.approx(
+            sum(m["spec_accept_length"] for m in metas) / len(metas))
+        assert value(after, "sglang:gen_throughput") > 0
+    finally:
+        stop(proc)
+
+
+def test_metrics_answer_404_without_enable_metrics(venv_python: Path, planner_argv: list[str], tmp_path: Path,
+                                                   gpu_profile: Path) -> None:
+    proc = start(venv_python, [a for a in planner_argv if a != "--enable-metrics"], tmp_path, gpu_profile)
+    try:
+        wait_ready(proc)
+        assert http(proc.url("/metrics")) == (404, b'{"detail": "Not Found"}')
+    finally:
+        stop(proc)
+
+
 def test_start_delay_keeps_the_port_closed_while_loading(venv_python: Path, planner_argv: list[str],
                                                           tmp_path: Path, gpu_profile: Path) -> None:
     proc = start(venv_python, planner_argv, tmp_path, gpu_profile, {"SGLANG_STANDIN_START_DELAY": "1.5"})
@@ -692,6 +775,7 @@ class Routed:
     gateway: subprocess.Popen[bytes]
     log: Path
     engines: list[Proc]
+    metrics_url: str  # the gateway's Prometheus port (--prometheus-port)
 
 
 def start_gateway(smg_python: Path, tmp: Path, workers: int) -> tuple[dict[str, Any], Path, Path,
@@ -730,7 +814,8 @@ def routed(venv_python: Path, smg_python: Path, planner_argv: list[str], gpu_pro
         while ctl(url, credentials, "ready", "--workers", *section["workers"])[0] != 0:
             assert popen.poll() is None, log.read_text()[-3000:]
             time.sleep(0.2)
-        yield Routed(url, section["workers"], credentials, popen, log, engines)
+        yield Routed(url, section["workers"], credentials, popen, log, engines,
+                     f"http://127.0.0.1:{section['settings']['prometheus_port']}/metrics")
     finally:
         popen.terminate()
         popen.wait(timeout=30)
@@ -750,6 +835,29 @@ def test_the_gateway_serves_both_engines_with_the_key_and_refuses_without(routed
     assert call(routed.url + "/v1/chat/completions", "", chat)[0] == 401
     assert call(routed.url + "/workers", DATA_KEY)[0] == 401  # the endpoint's key is not the control plane's
     assert call(routed.url + "/workers", CONTROL_KEY)[0] == 200
+
+
+@pytest.mark.smg_parser
+def test_the_gateway_exports_the_metrics_the_dashboard_reads(routed: Routed) -> None:
+    """smg 1.13.0's own Prometheus port, after requests through it: every gateway metric of dashboards/dflash.json
+    is there, labelled by the worker's URL where the dashboard groups by worker; each engine's /metrics counted its
+    share."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    sys.path.insert(0, str(REPO / "tools"))
+    import grafana_dashboard  # tools/ is no package
+
+    chat = {"model": "Qwen3.6-27B", "messages": [{"role": "user", "content": "metrics"}], "max_tokens": 8}
+    for _ in range(4):
+        assert call(routed.url + "/v1/chat/completions", DATA_KEY, chat)[0] == 200
+    with urllib.request.urlopen(routed.metrics_url) as response:
+        samples = [s for f in text_string_to_metric_families(response.read().decode()) for s in f.samples]
+    names = {s.name for s in samples}
+    assert set(grafana_dashboard.GATEWAY_METRICS) <= names, sorted(n for n in names if n.startswith("smg_"))
+    workers = {s.labels.get("worker") for s in samples if s.name == "smg_worker_requests_active"}
+    assert workers and workers <= set(routed.workers), workers  # the workers' URLs (cache_aware may pick one)
+    served = [value(scrape(engine), "sglang:num_requests_total") for engine in routed.engines]
+    assert sum(served) >= 4
 
 
 @pytest.mark.smg_parser

@@ -34,6 +34,7 @@ import warnings
 from typing import Any
 
 from sglang.standin import flags, gpus, memory, rules, server
+from sglang.standin import metrics as standin_metrics
 from sglang.version import __version__
 
 LOCK = threading.Lock()
@@ -293,6 +294,8 @@ def serve(args: dict[str, Any], resolved: rules.Resolved, s: memory.Startup, set
         step_s=float(env.get("SGLANG_STANDIN_STEP_MS") or 2) / 1000 * float(env.get("SGLANG_STANDIN_SLOWDOWN") or 1),
         accept_collapse=_flag(env, "SGLANG_STANDIN_ACCEPT_COLLAPSE"),
         crash_under_load=int(env.get("SGLANG_STANDIN_CRASH_UNDER_LOAD") or 0), crash=crash_under_load,
+        metrics=standin_metrics.Metrics(resolved.served_model_name, s.max_running_requests, s.kv_tokens)
+        if args.get("enable_metrics") else None,
     )
     host, port = str(args.get("host") or "127.0.0.1"), int(args.get("port") or 30000)
     try:

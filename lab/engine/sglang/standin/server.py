@@ -2,7 +2,8 @@
 
 Routes and JSON shapes follow sglang/srt/entrypoints/http_server.py and openai/protocol.py of 0.5.23:
 /health, /health_generate and /ready (503 while starting, 200 with an empty body once ready),
-/v1/models, /model_info, /server_info (and the deprecated /get_* spellings), /generate with the
+/v1/models, /model_info, /server_info (and the deprecated /get_* spellings), /metrics with --enable-metrics
+(standin/metrics.py; 404 without, as SGLang mounts it only then), /generate with the
 speculative `meta_info` fields of tokenizer_manager.py, /v1/chat/completions and /v1/completions (with
 `return_meta_info` the chat choice's `meta_info`, with `return_spec_tokens_details` the response's
 `sglext.spec_tokens_details`, as openai/serving_chat.py and serving_completions.py of 0.5.23 add them).
@@ -23,9 +24,13 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+from sglang.standin.metrics import Metrics
+
 WORDS = ("the", "draft", "model", "proposes", "a", "block", "of", "tokens", "and", "target", "verifies",
          "them", "in", "one", "pass", "so", "decoding", "runs", "faster", "while", "output", "stays", "exact")
 DEFAULT_MAX_NEW_TOKENS = 128
+# prometheus_client's CONTENT_TYPE_PLAIN_0_0_4: what SGLang's /metrics (make_asgi_app) answers a plain GET with.
+METRICS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 
 @dataclass
@@ -54,6 +59,7 @@ class EngineState:
     crash_under_load: int = 0
     crash: Any = None  # called with the number of requests in flight when crash_under_load is reached
     in_flight: int = 0
+    metrics: Metrics | None = None  # with --enable-metrics: what /metrics reports
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
@@ -140,6 +146,8 @@ def generate_one(state: EngineState, prompt: str, sampling: dict[str, Any], star
         steps = int(meta.get("spec_verify_ct") or steps)
     time.sleep(steps * state.step_s)  # decoding: one step per verify (speculative) or per token
     meta["e2e_latency"] = time.monotonic() - started
+    if state.metrics is not None:
+        state.metrics.finished(meta)
     return {"text": text, "output_ids": ids, "meta_info": meta}
 
 
@@ -247,6 +255,10 @@ class Handler(BaseHTTPRequestHandler):
             self._json(200, self.state.server_info)
         elif path in ("/model_info", "/get_model_info"):
             self._json(200, self.state.model_info)
+        elif path == "/metrics" and self.state.metrics is not None:
+            with self.state.lock:
+                in_flight = self.state.in_flight
+            self._send(200, self.state.metrics.exposition(in_flight).encode(), content_type=METRICS_CONTENT_TYPE)
         else:
             self._json(404, {"detail": "Not Found"})
 
