@@ -7,7 +7,12 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.setup-stamp
-SETUP_INPUTS := pyproject.toml constraints.txt
+SETUP_INPUTS := pyproject.toml constraints.txt Makefile
+# The project's own Python (the CLI and library, Ansible's plugins and modules, the lab, tools and tests), byte-compiled
+# by `make setup` beside the venv's: where PYTHONDONTWRITEBYTECODE is set (CI's machines set it) Python writes no
+# bytecode, so each process would compile every module it imports from source (ansible-playbook, each forked task
+# worker loading a plugin, each pytest worker): 0.9 s of 2.0 s for an `ansible -m ping`, and a third of the unit tier.
+PY_SOURCES := dflash_infra action_plugins callback_plugins filter_plugins library module_utils lab tools tests
 export PATH := $(abspath $(BIN)):$(PATH)
 export ANSIBLE_CONFIG := $(abspath ansible.cfg)
 PLAYBOOKS := deploy_dflash.yml $(wildcard playbooks/*.yml)
@@ -26,10 +31,12 @@ help: ## list the targets
 $(STAMP): $(SETUP_INPUTS)
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --disable-pip-version-check -c constraints.txt uv
-	$(BIN)/uv pip install -q --python $(BIN)/python -c constraints.txt --upgrade pip setuptools wheel -e '.[test]'
+	$(BIN)/uv pip install -q --python $(BIN)/python -c constraints.txt --compile-bytecode --upgrade pip setuptools wheel \
+	  -e '.[test]'
 	@touch $@
 
 setup: $(STAMP) ## project venv (.venv) with ansible, molecule, linters and the dflash-infra CLI
+	@$(BIN)/python -m compileall -q $(PY_SOURCES) > /dev/null
 	@echo "setup: $(VENV) is ready (ansible-core $$($(BIN)/python -c "import ansible.release as r; print(r.__version__)"))"
 
 lock: ## re-pin constraints.txt from a fresh resolution of pyproject.toml

@@ -242,6 +242,8 @@ build() {
     wheel="$(download_wheel "$v")"
     log "unzipping $(basename "$wheel") into $CACHE/$v"
     "$VENV/bin/python" -m zipfile -e "$wheel" "$CACHE/$v"
+    # Byte-compiled like the installed packages (pip compiles them), for machines with PYTHONDONTWRITEBYTECODE set.
+    "$VENV/bin/python" -m compileall -q "$CACHE/$v" >/dev/null
     write_launcher "$v" "$CACHE/$v:$STUBS"
   done
 
