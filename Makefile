@@ -68,8 +68,9 @@ test-unit: setup ## fast tests, first and failing fast: planner, parsers, module
 # The labs (rootfs and machines: mostly disk) are built in the background while the unit tier runs; a failing
 # unit tier stops the build at once. Then the lab tier runs in two streams on two labs of this machine (lab 0 and
 # lab 1, LAB_INSTANCE; each its own loopback addresses and state folder, one base rootfs): lab 1 takes the demo,
-# the molecule scenarios, the gateway journeys and the Proxmox journeys, lab 0 the deploy tests (on the gateway
-# topology, the longest file), the pct path and the lab builder's own.
+# the molecule scenarios and the gateway journeys, lab 0 the deploy tests (on the gateway topology, the longest
+# file), the Proxmox journeys, the pct path and the lab builder's own (the two streams within a minute of each
+# other in CI's --durations).
 # Beside them run lint, then the SGLang parser venv's build (mostly downloads, at a lower CPU priority: no lab
 # test needs it), then the tests that need no lab (the real parsers, the engine stand-in and the real gateway on
 # this machine's loopback). A lab test waits mostly on its containers: one stream left a core idle.
@@ -77,7 +78,7 @@ BUILD_LOG := .cache/test-build.log
 BESIDE_LOG := .cache/test-beside-lab.log
 LAB_TIER := -m lab
 LAB_1_LOG := .cache/test-lab-1.log
-LAB_1_TESTS := tests/lab/test_demo.py tests/lab/test_molecule.py tests/lab/test_gateway_lab.py tests/lab/test_proxmox_lab.py
+LAB_1_TESTS := tests/lab/test_demo.py tests/lab/test_molecule.py tests/lab/test_gateway_lab.py
 LAB_1_ENV := LAB_INSTANCE=1 LAB_STATE_DIR=$(abspath .cache/lab-1)
 BESIDE_TIER := -m "(sglang_parser or smg_parser or standin or promtool) and not lab"
 
