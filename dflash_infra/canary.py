@@ -20,6 +20,10 @@ import statistics
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import yaml  # ansible's dependency, on every controller
+
+from dflash_infra import loadgate
+
 KEYS = ("speculative", "plan_overrides", "environment")
 # Environment the deploy owns: a candidate cannot set the engine's key or move it to other GPUs.
 RESERVED_ENVIRONMENT = ("SGLANG_API_KEY", "CUDA_VISIBLE_DEVICES")
@@ -30,8 +34,6 @@ def candidate(value: Any) -> dict[str, Any]:
     YAML (JSON included): `-e 'candidate={"speculative": {"block_size": 8}}'` passes one."""
     problems: list[str] = []
     if isinstance(value, str):
-        import yaml  # ansible's dependency, on every controller
-
         try:
             value = yaml.safe_load(value)
         except yaml.YAMLError as exc:
@@ -137,8 +139,6 @@ def measured(results: Sequence[Mapping[str, Any]], name: str) -> dict[str, Any]:
     """The measurement's load runs (the dflash_load task's loop `results`, each `item` {side: baseline|candidate}):
     each side's figures over its rounds (`rounds_figures` of the load gate's figures) and the candidate's
     `problems` (its engine, unit `name`, restarted during a run)."""
-    from dflash_infra import loadgate
-
     sides: dict[str, list[list[dict[str, Any]]]] = {"baseline": [], "candidate": []}
     problems: list[str] = []
     for result in results:
@@ -194,8 +194,6 @@ def keep_lines(cand: Mapping[str, Any], speculative: Mapping[str, Any], override
                environment: Mapping[str, Any]) -> list[str]:
     """What to put in the group's group_vars so that the next deploy keeps a promoted candidate (the merged values:
     the inventory's settings with the candidate's over them), as YAML lines."""
-    import yaml  # ansible's dependency, on every controller
-
     merged = {name: {**dict(base), **dict(cand.get(key) or {})}
               for name, key, base in (("dflash_speculative", "speculative", speculative),
                                       ("dflash_plan_overrides", "plan_overrides", overrides),

@@ -22,20 +22,25 @@ description:
 options:
   url: {description: Base URL (http://host:port)., type: str, required: true}
   model: {description: The served model name., type: str, required: true}
+  workload:
+    description:
+      - "The load gate's mapping (group_vars dflash_load_gate): its prompts, requests, max_tokens, thinking and
+        timeout_s are the defaults of the options of those names (its other keys are not read)."
+    type: dict
+    default: {}
   prompts:
-    description: "Each {name, messages}: the chat messages of one prompt."
+    description: "Each {name, messages}: the chat messages of one prompt. Required, here or in I(workload)."
     type: list
     elements: dict
-    required: true
-  requests: {description: Requests per concurrency., type: int, default: 16}
+  requests: {description: "Requests per concurrency (default: I(workload)'s, else 16).", type: int}
   concurrency: {description: The concurrencies to run, in order., type: list, elements: int, default: [4]}
-  max_tokens: {description: max_tokens of every request., type: int, default: 64}
+  max_tokens: {description: "max_tokens of every request (default: I(workload)'s, else 64).", type: int}
   meta_info: {description: Ask for the speculative figures., type: bool, default: true}
   thinking:
-    description: "chat_template_kwargs.enable_thinking of every request (Qwen3's thinking mode)."
+    description: "chat_template_kwargs.enable_thinking of every request (Qwen3's thinking mode; default: I(workload)'s,
+      else false)."
     type: bool
-    default: false
-  timeout_s: {description: Deadline of one request., type: float, default: 120}
+  timeout_s: {description: "Deadline of one request (default: I(workload)'s, else 120).", type: float}
   api_key_file: {description: A file holding the API key alone., type: path}
   api_key_env_file: {description: An environment file with an SGLANG_API_KEY= line., type: path}
   unit: {description: The systemd unit of the engine to watch for restarts., type: str}
@@ -66,6 +71,9 @@ from typing import Any
 from ansible.module_utils.basic import AnsibleModule
 
 UNIT_PROPS = ("NRestarts", "InvocationID", "ActiveState")
+# The options a workload (the load gate's mapping) gives defaults for, each with its type and its own default.
+WORKLOAD = {"prompts": (list, None), "requests": (int, 16), "max_tokens": (int, 64), "thinking": (bool, False),
+            "timeout_s": (float, 120.0)}
 
 
 def read_key(key_file: str | None, env_file: str | None) -> str:
@@ -86,6 +94,16 @@ def read_key(key_file: str | None, env_file: str | None) -> str:
         except FileNotFoundError:
             return ""
     return ""
+
+
+def with_workload(module: AnsibleModule) -> dict[str, Any]:
+    """The module's parameters, each option left out taken from the workload (else its own default), typed."""
+    params, workload = dict(module.params), module.params["workload"] or {}
+    for name, (kind, default) in WORKLOAD.items():
+        if params[name] is None:
+            value = workload.get(name, default)
+            params[name] = module.boolean(value) if kind is bool else value if value is None else kind(value)
+    return params
 
 
 def unit_props(unit: str) -> dict[str, str]:
@@ -198,13 +216,14 @@ def main() -> None:
         argument_spec={
             "url": {"type": "str", "required": True},
             "model": {"type": "str", "required": True},
-            "prompts": {"type": "list", "elements": "dict", "required": True},
-            "requests": {"type": "int", "default": 16},
+            "workload": {"type": "dict", "default": {}},
+            "prompts": {"type": "list", "elements": "dict"},
+            "requests": {"type": "int"},
             "concurrency": {"type": "list", "elements": "int", "default": [4]},
-            "max_tokens": {"type": "int", "default": 64},
+            "max_tokens": {"type": "int"},
             "meta_info": {"type": "bool", "default": True},
-            "thinking": {"type": "bool", "default": False},
-            "timeout_s": {"type": "float", "default": 120},
+            "thinking": {"type": "bool"},
+            "timeout_s": {"type": "float"},
             "api_key_file": {"type": "path"},
             "api_key_env_file": {"type": "path"},
             "unit": {"type": "str"},
@@ -212,10 +231,12 @@ def main() -> None:
         mutually_exclusive=[["api_key_file", "api_key_env_file"]],
         supports_check_mode=True,
     )
-    params = module.params
-    if not params["prompts"] or any(not isinstance(p.get("messages"), list) for p in params["prompts"]):
+    params = with_workload(module)
+    prompts = params["prompts"]
+    if not isinstance(prompts, list) or not prompts or any(not isinstance((p or {}).get("messages"), list)
+                                                           for p in prompts):
         module.fail_json(msg=f"dflash_load: expected prompts, each with a list of chat messages, found "
-                         f"{params['prompts'][:1]!r}")
+                         f"{(params['prompts'] or [])[:1]!r}")
     if params["requests"] < 1 or any(c < 1 for c in params["concurrency"]):
         module.fail_json(msg=f"dflash_load: expected at least one request and concurrencies of at least 1, found "
                          f"requests {params['requests']}, concurrency {params['concurrency']}")

@@ -3,8 +3,10 @@ against the lab gateway for 8 s, stopped by SIGTERM (tests/fixtures/locust/repor
 
 from __future__ import annotations
 
+import http.server
 import json
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -34,3 +36,34 @@ def test_nearest_rank_percentiles() -> None:
 def test_the_load_client_refuses_anything_but_loopback(url: str, tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="expected a loopback URL"):
         load.Load(url, tmp_path)
+
+
+class _Chat(http.server.BaseHTTPRequestHandler):
+    """The smallest chat-completions endpoint tools/locustfile.py accepts (a completion with one token)."""
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers["Content-Length"]))
+        body = json.dumps({"choices": [{"message": {"content": "GPUs."}}], "usage": {"completion_tokens": 1}})
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body.encode())
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def test_the_load_client_waits_on_completed_requests_and_reports_them(tmp_path: Path) -> None:
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Chat)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        run = load.Load(f"http://127.0.0.1:{server.server_address[1]}", tmp_path, users=2)
+        seen = run.wait_requests(30)
+        assert seen >= 32 and run.requests() >= seen  # the 2 of the start, then 30 more
+        out = run.stop()
+    finally:
+        server.shutdown()
+    assert out["requests"] >= seen and out["failed"] == 0 and out["failures"] == "", out
+    with pytest.raises(RuntimeError, match="locust exited"):
+        run.wait_requests(1)

@@ -52,8 +52,9 @@ def engine() -> Iterator[standin.ThreadingHTTPServer]:
 
 def load(httpd: standin.ThreadingHTTPServer, key_file: Path, concurrency: list[int], **extra: Any) -> dict[str, Any]:
     host, port = httpd.server_address[:2]
-    args = {"url": f"http://{host}:{port}", "model": "Qwen3.6-27B", "prompts": PROMPTS, "requests": 12,
-            "concurrency": concurrency, "max_tokens": 48, "api_key_env_file": str(key_file), **extra}
+    # The load gate's mapping as the callers pass it: its prompts, requests (12), max_tokens (48) and thinking.
+    args = {"url": f"http://{host}:{port}", "model": "Qwen3.6-27B", "workload": SETTINGS, "concurrency": concurrency,
+            "api_key_env_file": str(key_file), **extra}
     result = run_module("dflash_load", args)
     assert not result.get("failed"), result
     return result
@@ -102,7 +103,8 @@ def test_failed_requests_and_a_restart_fail_the_gate(engine: standin.ThreadingHT
     wrong = tmp_path / "wrong-key"
     wrong.write_text("not-the-key\n")
     host, port = engine.server_address[:2]
-    result = run_module("dflash_load", {"url": f"http://{host}:{port}", "model": "Qwen3.6-27B", "prompts": PROMPTS,
+    # An option given beside the workload wins over the workload's (3 requests, not 12).
+    result = run_module("dflash_load", {"url": f"http://{host}:{port}", "model": "Qwen3.6-27B", "workload": SETTINGS,
                                         "requests": 3, "concurrency": [2], "api_key_file": str(wrong)})
     figures = loadgate.run_figures(result["runs"])
     assert figures[0]["failed"] == 3 and figures[0]["errors"] == ['HTTP 401: {"error":"Unauthorized"}']

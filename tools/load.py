@@ -6,6 +6,7 @@ own addresses only (`start` refuses anything else).
 
 from __future__ import annotations
 
+import csv
 import ipaddress
 import json
 import signal
@@ -69,7 +70,27 @@ class Load:
              "--csv", str(folder / "load"), "--stop-timeout", "30"],
             cwd=REPO, stdout=(folder / "report.json").open("w"), stderr=(folder / "locust.log").open("w"))
         self.started = time.monotonic()
-        time.sleep(2)  # every user spawned (spawn rate = users per second)
+        self.wait_requests(users)  # every user spawned and answered (spawn rate = users per second)
+
+    def requests(self) -> int:
+        """Requests completed so far: the Aggregated row of the stats CSV Locust rewrites every second."""
+        try:
+            rows = list(csv.DictReader((self.folder / "load_stats.csv").open()))
+        except FileNotFoundError:
+            return 0
+        return next((int(row["Request Count"]) for row in rows if row["Name"] == "Aggregated"), 0)
+
+    def wait_requests(self, count: int, timeout_s: float = 60.0) -> int:
+        """Wait until at least `count` more requests than now have completed (a condition, not a fixed sleep)."""
+        target, deadline = self.requests() + count, time.monotonic() + timeout_s
+        while (done := self.requests()) < target:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"locust exited ({self.proc.returncode}): "
+                                   f"{(self.folder / 'locust.log').read_text()[-2000:]}")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"load client: {done} of {target} requests after {timeout_s:.0f} s")
+            time.sleep(0.2)
+        return done
 
     def stop(self) -> dict[str, Any]:
         seconds = time.monotonic() - self.started

@@ -268,7 +268,7 @@ def test_a_replica_killed_under_load_is_routed_around_and_rejoins(routed: LabHan
     unit = REPLICAS[1]
     pid = routed.ssh("ct200", "systemctl", "show", unit, "--property=MainPID", "--value").stdout.strip()
     load = Load(f"http://{routed.addresses['ct200']}:30000", tmp_path / "load")
-    time.sleep(2)
+    load.wait_requests(20)  # flowing through every replica
     assert routed.ssh("ct200", "kill", "-KILL", pid).returncode == 0
     deadline = time.monotonic() + 90
     while time.monotonic() < deadline:
@@ -284,7 +284,7 @@ def test_a_replica_killed_under_load_is_routed_around_and_rejoins(routed: LabHan
         time.sleep(1)
     else:
         pytest.fail(f"{unit} did not come back behind the gateway: {now}")
-    time.sleep(2)  # requests through the rejoined replica
+    load.wait_requests(20)  # requests through the rejoined replica too
     figures = load.stop()
     print(f"\nreplica SIGKILLed under load: {figures['requests']} requests, {figures['failed']} failed")
     assert figures["requests"] > 50 and figures["failed"] == 0, figures
