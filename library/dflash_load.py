@@ -102,7 +102,11 @@ def with_workload(module: AnsibleModule) -> dict[str, Any]:
     for name, (kind, default) in WORKLOAD.items():
         if params[name] is None:
             value = workload.get(name, default)
-            params[name] = module.boolean(value) if kind is bool else value if value is None else kind(value)
+            try:
+                params[name] = module.boolean(value) if kind is bool else value if value is None else kind(value)
+            except (TypeError, ValueError):
+                module.fail_json(msg=f"dflash_load: expected the workload's {name} of type {kind.__name__}, found "
+                                 f"{value!r}")
     return params
 
 

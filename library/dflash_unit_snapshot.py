@@ -77,12 +77,8 @@ def point(link: str, target: str) -> bool:
 
 def write_record(path: str, content: str) -> bool:
     """Write the record (0644 root:root), flushed and renamed into place; False when it holds that content."""
-    try:
-        with open(path, encoding="utf-8") as handle:
-            if handle.read() == content and (os.stat(path).st_mode & 0o7777) == 0o644:
-                return False
-    except FileNotFoundError:
-        pass
+    if not record_would_change(path, content):
+        return False
     temporary = _temporary(os.path.dirname(path) or ".", os.path.basename(path))
     try:
         with open(temporary, "w", encoding="utf-8") as handle:

@@ -108,6 +108,11 @@ def test_failed_requests_and_a_restart_fail_the_gate(engine: standin.ThreadingHT
                                         "requests": 3, "concurrency": [2], "api_key_file": str(wrong)})
     figures = loadgate.run_figures(result["runs"])
     assert figures[0]["failed"] == 3 and figures[0]["errors"] == ['HTTP 401: {"error":"Unauthorized"}']
+    # A workload value of the wrong type is refused, naming it (not a traceback).
+    wrong_type = run_module("dflash_load", {"url": f"http://{host}:{port}", "model": "Qwen3.6-27B",
+                                            "workload": {**SETTINGS, "requests": "many"}, "api_key_file": str(wrong)})
+    assert wrong_type["failed"] and wrong_type["msg"] == ("dflash_load: expected the workload's requests of type int, "
+                                                          "found 'many'"), wrong_type
     restarted = loadgate.restart_problem({"restarted": True, "before": {"NRestarts": "0"},
                                           "after": {"NRestarts": "1", "ActiveState": "activating"}}, "r0.service")
     verdict = loadgate.verdict(figures, None, SETTINGS, speculative=True, restarted=restarted)
