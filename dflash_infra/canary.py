@@ -25,6 +25,7 @@ import yaml  # ansible's dependency, on every controller
 from dflash_infra import loadgate
 
 KEYS = ("speculative", "plan_overrides", "environment")
+ENGINE_FLAGS = "engine_flags"  # the plan override dflash_infra.planning.engine_flags renders
 # Environment the deploy owns: a candidate cannot set the engine's key or move it to other GPUs.
 RESERVED_ENVIRONMENT = ("SGLANG_API_KEY", "CUDA_VISIBLE_DEVICES")
 
@@ -190,15 +191,26 @@ def judge(baseline: Sequence[Mapping[str, Any]], candidate_figures: Sequence[Map
     return {"promote": promote, "lines": lines, "reasons": reasons}
 
 
+def merged(base: Mapping[str, Any] | None, part: Mapping[str, Any] | None) -> dict[str, Any]:
+    """A candidate's part over the inventory's settings; `engine_flags` (a plan override) merges flag by flag, so a
+    candidate trying one engine flag keeps the others the inventory sets (one given as null drops the inventory's)."""
+    out = {**dict(base or {}), **dict(part or {})}
+    flags = (base or {}).get(ENGINE_FLAGS), (part or {}).get(ENGINE_FLAGS)
+    if isinstance(flags[0], Mapping) and isinstance(flags[1], Mapping):
+        out[ENGINE_FLAGS] = {flag: value for flag, value in {**dict(flags[0]), **dict(flags[1])}.items()
+                             if value is not None}
+    return out
+
+
 def keep_lines(cand: Mapping[str, Any], speculative: Mapping[str, Any], overrides: Mapping[str, Any],
                environment: Mapping[str, Any]) -> list[str]:
     """What to put in the group's group_vars so that the next deploy keeps a promoted candidate (the merged values:
     the inventory's settings with the candidate's over them), as YAML lines."""
-    merged = {name: {**dict(base), **dict(cand.get(key) or {})}
-              for name, key, base in (("dflash_speculative", "speculative", speculative),
-                                      ("dflash_plan_overrides", "plan_overrides", overrides),
-                                      ("sglang_service_extra_environment", "environment", environment))
-              if cand.get(key)}
+    merged_parts = {name: merged(base, cand.get(key))
+                    for name, key, base in (("dflash_speculative", "speculative", speculative),
+                                            ("dflash_plan_overrides", "plan_overrides", overrides),
+                                            ("sglang_service_extra_environment", "environment", environment))
+                    if cand.get(key)}
     # Plain types for the dumper: Ansible hands its strings over as str subclasses (tagged with their origin).
-    plain = json.loads(json.dumps(merged))
+    plain = json.loads(json.dumps(merged_parts))
     return yaml.safe_dump(plain, sort_keys=True, default_flow_style=False).splitlines()

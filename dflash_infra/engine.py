@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -77,9 +77,16 @@ class FlagTable:
     visible: frozenset[str]
     hidden: frozenset[str]
     provenance: str | None = None  # set when the table was not extracted from the engine's own parser
+    # option string -> its option as extracted (action, nargs, choices, type, dest, option_strings); empty for a
+    # table made from a --help text, which knows the spellings only.
+    options: Mapping[str, Mapping[str, Any]] = field(default_factory=dict, compare=False, hash=False, repr=False)
 
     def accepts(self, flag: str) -> bool:
         return flag in self.visible
+
+    def option(self, flag: str) -> Mapping[str, Any] | None:
+        """The extracted option `flag` spells (any of its spellings), or None when the table has no details."""
+        return self.options.get(flag)
 
     @classmethod
     def from_options(cls, version: str, options: Iterable[str]) -> FlagTable:
@@ -97,11 +104,13 @@ def flag_table(version: str) -> FlagTable:
     data = json.loads(path.read_text())
     visible: set[str] = set()
     hidden: set[str] = set()
+    options: dict[str, Mapping[str, Any]] = {}
     for option in data["options"]:
         (hidden if option.get("help_suppressed") else visible).update(option["option_strings"])
+        options.update(dict.fromkeys(option["option_strings"], option))
     provenance = data.get("provenance")
     return FlagTable(name, frozenset(visible), frozenset(hidden - visible),
-                     None if provenance is None else str(provenance))
+                     None if provenance is None else str(provenance), options)
 
 
 @cache
@@ -118,7 +127,8 @@ def setting_flags(version: str) -> dict[str, str]:
     return flags
 
 
-def _format(value: Any) -> str:
+def format_value(value: Any) -> str:
+    """A value as the engine's command line spells it (floats without trailing zeros)."""
     if isinstance(value, float):
         return f"{value:g}"
     return str(value)
@@ -146,5 +156,5 @@ def render_argv(values: Mapping[str, Any], version: str,
             continue
         argv.append(flag)
         if value is not True:
-            argv.append(_format(value))
+            argv.append(format_value(value))
     return argv, errors

@@ -25,4 +25,5 @@ class FilterModule:
             "dflash_canary_measured": canary.measured,
             "dflash_canary_judge": canary.judge,
             "dflash_canary_keep_lines": canary.keep_lines,
+            "dflash_canary_merged": canary.merged,
         })

@@ -125,3 +125,29 @@ def test_a_restart_under_load_keeps_a_faster_candidate_out() -> None:
     got = canary.judge([fig(32, 2000.0)], [fig(32, 4000.0)], margin=0.05, min_accept_length=1.5, speculative=True,
                        problems=["r1 restarted during the load run", ""])
     assert not got["promote"] and got["reasons"] == ["r1 restarted during the load run"]
+
+
+def test_a_candidates_engine_flags_merge_flag_by_flag_over_the_inventorys() -> None:
+    inventory = {"mem_fraction_static": 0.8,
+                 "engine_flags": {"--disable-overlap-schedule": True, "--max-total-tokens": "64k"}}
+    cand = canary.candidate({"plan_overrides": {"engine_flags": {"--mamba-radix-cache-strategy": "extra_buffer",
+                                                                  "--disable-overlap-schedule": None}}})
+    assert canary.merged(inventory, cand["plan_overrides"]) == {
+        "mem_fraction_static": 0.8,
+        "engine_flags": {"--max-total-tokens": "64k", "--mamba-radix-cache-strategy": "extra_buffer"}}
+    # Without engine flags on either side a part is a plain merge; the inventory's mapping is not changed.
+    assert canary.merged({"block_size": 16, "draft_window": 16}, {"block_size": 8}) == {"block_size": 8,
+                                                                                        "draft_window": 16}
+    assert inventory["engine_flags"]["--disable-overlap-schedule"] is True
+    lines = canary.keep_lines(cand, {"algorithm": "dflash"}, inventory, {})
+    kept = canary.merged(inventory, cand["plan_overrides"])
+    assert yaml.safe_load("\n".join(lines)) == {"dflash_plan_overrides": kept}
+
+
+def test_a_candidate_engine_flag_shows_as_a_change_of_the_replica() -> None:
+    base = plan(16)
+    cand = plan(16)
+    for replica in cand["replicas"]:
+        replica["args"] += ["--mamba-radix-cache-strategy", "extra_buffer"]
+    assert canary.changes(base, cand, 1, {}, {}) == {
+        "lines": ["--mamba-radix-cache-strategy: (absent) -> extra_buffer"], "problems": []}

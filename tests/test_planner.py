@@ -247,3 +247,73 @@ def test_table_has_one_row_per_setting_with_reasons(pro6000: dict) -> None:
     for key in ("tp_size", "dp_size", "mem_fraction_static", "per_gpu.kv_pool_gib", "engine argv:"):
         assert key in text
     assert "smallest TP" in text
+
+
+def test_engine_flags_are_rendered_in_name_order_with_their_reason(pro6000: dict) -> None:
+    pro6000["overrides"] = {"engine_flags": {"--mamba-radix-cache-strategy": "extra_buffer",
+                                             "--disable-overlap-schedule": True,
+                                             "--cuda-graph-bs-decode": [1, 2, 4, 8],
+                                             "--max-total-tokens": "64k",
+                                             "--enable-two-batch-overlap": None}}
+    result = run(pro6000)
+    assert result["errors"] == []
+    args = result["args"]
+    tail = args[args.index("--cuda-graph-bs-decode"):]
+    assert tail == ["--cuda-graph-bs-decode", "1", "2", "4", "8", "--disable-overlap-schedule",
+                    "--mamba-radix-cache-strategy", "extra_buffer", "--max-total-tokens", "64k"]
+    assert "--enable-two-batch-overlap" not in args  # null leaves a flag out
+    assert "checked against the SGLang 0.5.23 table" in result["reasons"]["engine_flags"]
+    # Behind the gateway every replica's argv carries them too.
+    replicas = run({**pro6000, "gateway": {}})["replicas"]
+    assert len(replicas) == 4
+    for replica in replicas:
+        assert replica["args"][-10:] == tail
+
+
+@pytest.mark.parametrize(("flags", "expected"), [
+    ({"--tensor-parallel-size": 4},
+     "--tensor-parallel-size is rendered by the planner (tp_size); use overrides.tp_size"),
+    ({"--page-size": 4}, "use overrides.page_size"),
+    ({"--speculative-dflash-block-size": 8}, "set it in the speculative section"),
+    ({"--cuda-graph-max-bs-decode": 4}, "the planner derives it"),
+    ({"--api-key": "sk-1"}, "--api-key is a secret; it never goes on the command line"),
+    ({"--admin-api-key": "sk-1"}, "is a secret"),
+    ({"--mamba-radix-cache-strategy": "bogus"},
+     "--mamba-radix-cache-strategy: expected one of auto, no_buffer, extra_buffer, extra_buffer_lazy, found 'bogus'"),
+    ({"--cuda-graph-max-bs": 8}, "--cuda-graph-max-bs is not accepted by SGLang 0.5.23"),
+    ({"--disable-overlap-schedule": "yes"}, "an on/off flag: expected true"),
+    ({"--page-size-typo": 1}, "is not accepted by SGLang 0.5.23"),
+    ({"--max-running-requests": 3}, "use overrides.max_running_requests"),
+    ({"--max-total-tokens": "lots"}, "expected an integer, optionally with a k/M/G/T"),
+    ({"--chunked-prefill-size": "big"}, "use overrides.chunked_prefill_size"),
+    ({"--mamba-track-interval": "often"}, "--mamba-track-interval: expected an integer, found 'often'"),
+    ({"--mamba-track-interval": [1, 2]}, "takes one value, found a list"),
+    ({"--mamba-track-interval": True}, "takes a value"),
+    ({"--help": True}, "prints help and exits"),
+    ({"tp": 1}, "expected flags spelled as the engine's --help does (--name), found 'tp'"),
+    ({"--json-model-override-args": {"a": 1}}, "expected true, a string, a number or a list, found dict"),
+    ("--disable-overlap-schedule", "expected a mapping of engine flag -> value"),
+])
+def test_engine_flags_the_engine_or_the_deploy_would_refuse_are_refused_up_front(pro6000: dict, flags: object,
+                                                                                 expected: str) -> None:
+    pro6000["overrides"] = {"engine_flags": flags}
+    result = run(pro6000)
+    assert result["args"] == []
+    assert any(expected in e for e in result["errors"]), result["errors"]
+
+
+def test_engine_flags_cannot_undo_what_ddtree_runs_with(pro6000: dict) -> None:
+    pro6000["speculative"].update(algorithm="ddtree", tree_budget=15)
+    pro6000["engine_options"] = sorted(engine.flag_table("0.5.23").visible | {"--speculative-ddtree-budget"})
+    pro6000["overrides"] = {"engine_flags": {"--disable-overlap-schedule": True}}
+    assert any("--disable-overlap-schedule is rendered by the planner" in e and "DDTree" in e
+               for e in run(pro6000)["errors"])
+
+
+def test_engine_flags_on_a_table_from_help_text_are_checked_for_their_spelling_only(pro6000: dict) -> None:
+    pro6000["engine_options"] = sorted(engine.flag_table("0.5.23").visible)
+    pro6000["overrides"] = {"engine_flags": {"--mamba-radix-cache-strategy": "extra_buffer"}}
+    result = run(pro6000)
+    assert result["errors"] == [] and result["args"][-2:] == ["--mamba-radix-cache-strategy", "extra_buffer"]
+    pro6000["overrides"] = {"engine_flags": {"--no-such-flag": True}}
+    assert any("--no-such-flag is not accepted" in e for e in run(pro6000)["errors"])

@@ -17,6 +17,8 @@ from sglang_real import check_argvs
 pytestmark = pytest.mark.sglang_parser
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+ENGINE_FLAGS = {"--mamba-radix-cache-strategy": "extra_buffer", "--cuda-graph-bs-decode": [1, 2, 4, 8],
+                "--disable-overlap-schedule": True, "--max-total-tokens": "64k"}
 H200 = [{"index": 0, "name": "NVIDIA H200", "memory_total_mib": 143771, "compute_cap": "9.0"}]
 
 
@@ -31,6 +33,8 @@ def rendered(version: str) -> dict[str, list[str]]:
     no_spec = dict(argvs["pro6000"], speculative={"algorithm": "none"})
     no_spec.pop("draft")
     argvs["pro6000-no-spec"] = no_spec
+    # Engine flags the planner has no setting for (overrides.engine_flags), as a canary candidate tries them.
+    argvs["pro6000-engine-flags"] = dict(argvs["pro6000"], overrides={"engine_flags": ENGINE_FLAGS})
     out = {}
     for name, req in argvs.items():
         result = plan_dict(req, EXAMPLES)
@@ -48,6 +52,9 @@ def test_real_parser_accepts_every_planned_argv(version: str) -> None:
         ns = result["namespace"]
         assert ns["tp_size"] == int(argv[argv.index("--tp-size") + 1])
         assert abs(ns["mem_fraction_static"] - float(argv[argv.index("--mem-fraction-static") + 1])) < 1e-9
+    flags = results[list(argvs).index("pro6000-engine-flags")]["namespace"]
+    assert (flags["mamba_radix_cache_strategy"], flags["cuda_graph_bs_decode"], flags["disable_overlap_schedule"],
+            flags["max_total_tokens"]) == ("extra_buffer", [1, 2, 4, 8], True, 64000)
 
 
 def test_flags_removed_in_0523_are_rejected_by_it() -> None:

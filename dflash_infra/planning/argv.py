@@ -10,11 +10,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dflash_infra import engine
-from dflash_infra.planning import gateway
+from dflash_infra.planning import engine_flags, gateway
 from dflash_infra.planning.notes import Notes
 from dflash_infra.planning.sizing import MAMBA_FULL_MEMORY_RATIO, Layout
 from dflash_infra.planning.topology import Topology
-from dflash_infra.planning.validate import DDTREE_PR, Request, Speculative, verify_tokens
+from dflash_infra.planning.validate import DDTREE_PR, KNOWN_OVERRIDES, Request, Speculative, verify_tokens
 
 # Kernel settings a request may override (overrides.<name>), in the engine's own words.
 KERNEL_OVERRIDES = ("attention_backend", "prefill_attention_backend", "decode_attention_backend",
@@ -85,10 +85,12 @@ def speculative_section(spec: Speculative) -> dict[str, Any]:
     return section
 
 
-def extra_flags(request: Request, table: engine.FlagTable) -> tuple[list[str], list[str], list[str]]:
+def extra_flags(request: Request, table: engine.FlagTable,
+                notes: Notes | None = None) -> tuple[list[str], list[str], list[str]]:
     """Flags outside sglang_settings.yml: page size 1 and overlap scheduling off for ddtree (PR #29907), the
-    page-size and rejection-sampling overrides otherwise. Returns argv, errors and DDTree rules the table has no
-    flag for (the PR's engine forces them itself); an override the table cannot spell is an error."""
+    page-size and rejection-sampling overrides otherwise, then overrides.engine_flags (engine_flags.py). Returns
+    argv, errors and DDTree rules the table has no flag for (the PR's engine forces them itself); an override the
+    table cannot spell is an error."""
     spec, overrides = request.speculative, request.overrides
     page = overrides.get("page_size")
     wanted: list[tuple[str, Any, bool]] = []  # flag, value, asked for by an override
@@ -113,6 +115,17 @@ def extra_flags(request: Request, table: engine.FlagTable) -> tuple[list[str], l
                           f"{table.version}; drop the override or plan for an engine that has the flag")
         else:
             missing.append(flag)
+    planner_flags = {PAGE_SIZE_FLAG: "page_size", REJECTION_SAMPLING_FLAG: "speculative_use_rejection_sampling"}
+    if spec.mode == "ddtree":
+        planner_flags[NO_OVERLAP_FLAG] = engine_flags.DDTREE_OWNED
+    owned = engine_flags.owned_flags(request.engine.version, table, planner_flags)
+    chosen, chosen_errors, lines = engine_flags.render(overrides.get(engine_flags.OVERRIDE), table, owned,
+                                                      KNOWN_OVERRIDES)
+    argv += chosen
+    errors += chosen_errors
+    if notes is not None and lines:
+        notes.reasons[engine_flags.OVERRIDE] = (f"{'; '.join(lines)}: overrides.{engine_flags.OVERRIDE}, each "
+                                                f"checked against the SGLang {table.version} table")
     return argv, errors, missing
 
 
@@ -155,7 +168,7 @@ def render(request: Request, topology: Topology, chosen: Layout, context: int, k
     notes.reasons["kernels"] = kernels.reason
     section = speculative_section(spec)
     table = request.engine.table
-    extra, extra_errors, missing = extra_flags(request, table)
+    extra, extra_errors, missing = extra_flags(request, table, notes)
     if spec.mode == "ddtree":
         verify = verify_tokens(spec)
         notes.reasons["speculative"] = (

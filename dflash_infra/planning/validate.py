@@ -13,7 +13,7 @@ from typing import Any, TypeGuard
 
 from dflash_infra import catalogue, engine
 from dflash_infra.models import ModelConfigError, ModelSpec, model_spec
-from dflash_infra.planning import gateway
+from dflash_infra.planning import engine_flags, gateway
 from dflash_infra.planning.gateway import Gateway
 from dflash_infra.planning.notes import Notes
 
@@ -22,7 +22,7 @@ DEFAULT_CAPACITY = {"min_running_requests": 8, "min_kv_cache_tokens": 65536}
 KNOWN_OVERRIDES = ("tp_size", "dp_size", "mem_fraction_static", "max_running_requests", "context_length",
                    "attention_backend", "prefill_attention_backend", "decode_attention_backend",
                    "draft_attention_backend", "mamba_ssm_dtype", "chunked_prefill_size", "page_size",
-                   "speculative_use_rejection_sampling")
+                   "speculative_use_rejection_sampling", "engine_flags")
 SPEC_ALGORITHMS = {"dflash": "DFLASH", "ddtree": "DDTREE", "none": None}
 # The SGLang change that adds DDTree (`--speculative-algorithm DDTREE`, `--speculative-ddtree-budget`); open, in
 # no release. Its rules: page size 1, overlap scheduling off, no rejection sampling, verify width = budget + 1.
@@ -342,6 +342,7 @@ def validate_request(request: Any, base: Path | None, notes: Notes) -> Validated
     page = overrides.get("page_size")
     if page is not None and (not _is_int(page) or int(page) < 1):
         notes.errors.append(f"overrides.page_size: expected an integer >= 1, found {page!r}")
+    notes.errors.extend(engine_flags.shape_problems(overrides.get(engine_flags.OVERRIDE)))
     capacity = {**DEFAULT_CAPACITY, **(request.get("capacity") or {})}
 
     gpus = _gpus(request.get("gpus"), notes.errors)

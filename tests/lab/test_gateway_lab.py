@@ -153,7 +153,10 @@ def test_the_benchmark_measures_the_endpoint_through_the_gateway_and_changes_not
 
 # The canary (playbooks/canary.yml): candidates of the stand-in's step time, twice as slow and twice as fast as the
 # inventory's 20 ms (inventory/lab/group_vars/proxmox_containers.yml); the canary is r3, the baseline r0.
-LOSING = {"environment": {"SGLANG_STANDIN_STEP_MS": "40"}}
+# The losing one also tries an engine flag the planner has no setting for (overrides.engine_flags): the canary
+# replica starts with it, and goes back without it.
+LOSING = {"environment": {"SGLANG_STANDIN_STEP_MS": "40"},
+          "plan_overrides": {"engine_flags": {"--mamba-radix-cache-strategy": "extra_buffer"}}}
 # Promoted under load: the four replicas drained, restarted on the candidate's plan and put back one at a time.
 WINNING = {"plan_overrides": {"max_running_requests": 24}, "environment": {"SGLANG_STANDIN_STEP_MS": "10"}}
 # What the winning canary said to put in group_vars; the later deploys run with it (they then change no replica).
@@ -172,7 +175,8 @@ def test_a_losing_candidate_is_checked_then_kept_out_and_its_replica_returns_to_
     assert check.returncode == 0, out[-3000:]
     assert ("ct200: canary sglang-qwen-r3.service (GPUs 6,7) would take the candidate, measured against "
             "sglang-qwen-r0.service in 2 rounds; promoted when it wins by +5.0% at every concurrency:' - "
-            "SGLANG_STANDIN_STEP_MS=20 -> 40") in out, out[-3000:]
+            "'--mamba-radix-cache-strategy: (absent) -> extra_buffer' - SGLANG_STANDIN_STEP_MS=20 -> 40") in out, \
+        out[-3000:]
     assert recap(check)["changed"] == 0 and routed.changeable_state() == state
 
     result = play("playbooks/canary.yml", extra={"candidate": LOSING})
@@ -188,7 +192,8 @@ def test_a_losing_candidate_is_checked_then_kept_out_and_its_replica_returns_to_
     record = canary_record(routed)
     assert (record["promote"], record["outcome"], record["canary"]) == (
         False, "the canary replica back on the baseline", "sglang-qwen-r3.service")
-    assert record["changes"] == ["SGLANG_STANDIN_STEP_MS=20 -> 40"]
+    assert record["changes"] == ["--mamba-radix-cache-strategy: (absent) -> extra_buffer",
+                                 "SGLANG_STANDIN_STEP_MS=20 -> 40"]
     assert [f["rounds"] for f in record["figures"]["candidate"]] == [2]
 
 
