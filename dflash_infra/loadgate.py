@@ -106,6 +106,7 @@ def run_figures(runs: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
     for run in runs:
         outcomes = [Outcome(started=float(o["started"]), finished=float(o["finished"]), ok=bool(o["ok"]),
                             completion_tokens=int(o.get("completion_tokens") or 0),
+                            first_token=None if o.get("first_token") is None else float(o["first_token"]),
                             spec=spec_figures(o.get("answer") or {}), error=str(o.get("error") or ""))
                     for o in run.get("outcomes") or [] if o]
         out.append(figures(outcomes, int(run["concurrency"])))

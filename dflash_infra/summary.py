@@ -97,6 +97,10 @@ def load_lines(load: Mapping[str, Any] | None, indent: str) -> list[str]:
                 f"failed, {f.get('output_tokens_per_s')} output tok/s, {f.get('requests_per_s')} req/s")
         if f.get("accept_length_mean") is not None:
             line += f", acceptance length {f['accept_length_mean']} (verify count {f.get('verify_ct')})"
+        if f.get("ttft_ms_p50") is not None:
+            line += f", TTFT p50/p99 {f['ttft_ms_p50']}/{f.get('ttft_ms_p99')} ms"
+        if f.get("itl_ms_p50") is not None:
+            line += f", ITL p50/p99 {f['itl_ms_p50']}/{f.get('itl_ms_p99')} ms"
         out.append(line)
     return out
 

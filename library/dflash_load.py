@@ -36,6 +36,14 @@ options:
   concurrency: {description: The concurrencies to run, in order., type: list, elements: int, default: [4]}
   max_tokens: {description: "max_tokens of every request (default: I(workload)'s, else 64).", type: int}
   meta_info: {description: Ask for the speculative figures., type: bool, default: true}
+  stream:
+    description:
+      - "Stream every second request (server-sent events, C(stream_options.include_usage)): its first content chunk
+        gives the time to first token and the rest the inter-token latency; 0.5.23 refuses C(return_meta_info) with
+        streaming, so a streamed request asks for C(return_spec_tokens_details) (its C(sglext) chunk). The others
+        are not streamed and carry C(choices[i].meta_info)."
+    type: bool
+    default: true
   thinking:
     description: "chat_template_kwargs.enable_thinking of every request (Qwen3's thinking mode; default: I(workload)'s,
       else false)."
@@ -52,8 +60,11 @@ runs:
   type: list
   returned: always
   sample: [{concurrency: 4, wall_s: 0.4, outcomes: [{prompt: code, started: 1.0, finished: 1.2, ok: true,
-            completion_tokens: 64, answer: {choices: [{meta_info: {spec_accept_length: 4.9, spec_verify_ct: 13}}]},
-            error: ""}]}]
+            stream: false, completion_tokens: 64,
+            answer: {choices: [{meta_info: {spec_accept_length: 4.9, spec_verify_ct: 13}}]}, error: ""},
+            {prompt: math, started: 1.0, first_token: 1.05, finished: 1.3, ok: true, stream: true,
+             completion_tokens: 64, answer: {sglext: {spec_tokens_details: {spec_accept_length: 4.7,
+             spec_verify_ct: 14}}}, error: ""}]}]
 unit:
   description: The unit before and after the run (NRestarts, InvocationID, ActiveState) and whether it restarted.
   type: dict
@@ -151,40 +162,76 @@ class Client:
             self.headers["Authorization"] = "Bearer " + key
         self.conn: http.client.HTTPConnection | None = None
 
-    def post(self, path: str, body: dict[str, Any]) -> tuple[int, bytes]:
+    def open(self, path: str, body: dict[str, Any]) -> http.client.HTTPResponse:
+        """The response, its body not read yet (a stream is read event by event)."""
         if self.conn is None:
             self.conn = http.client.HTTPConnection(self.host, self.port, timeout=self.timeout)
         try:
             self.conn.request("POST", self.prefix + path, body=json.dumps(body), headers=self.headers)
-            response = self.conn.getresponse()
-            return response.status, response.read()
+            return self.conn.getresponse()
         except Exception:
-            self.conn.close()
-            self.conn = None
+            self.drop()
             raise
 
+    def drop(self) -> None:
+        if self.conn is not None:
+            self.conn.close()
+        self.conn = None
 
-def one(client: Client, prompt: dict[str, Any], params: dict[str, Any]) -> dict[str, Any]:
+
+def streamed(response: http.client.HTTPResponse, out: dict[str, Any]) -> tuple[int, str, dict[str, Any]]:
+    """Read a chat completion stream: the first content chunk's time into out['first_token']; the completion tokens
+    (the usage chunk), the content and the answer's speculative figures (the sglext chunk)."""
+    tokens, content, answer = 0, [], {}
+    for raw in response:
+        line = raw.strip()
+        if not line.startswith(b"data:"):
+            continue
+        data = line[5:].strip()
+        if data == b"[DONE]":
+            break
+        chunk = json.loads(data)
+        if "error" in chunk or chunk.get("object") == "error":
+            raise RuntimeError(f"an error in the stream: {str(chunk)[:200]}")
+        for choice in chunk.get("choices") or []:
+            text = (choice.get("delta") or {}).get("content")
+            if text:
+                out.setdefault("first_token", time.monotonic())
+                content.append(text)
+        tokens = int((chunk.get("usage") or {}).get("completion_tokens") or tokens)
+        if isinstance(chunk.get("sglext"), dict):
+            answer["sglext"] = chunk["sglext"]
+    response.read()  # the rest of the body (a chunked body's last chunk): the connection is reused
+    return tokens, "".join(content), answer
+
+
+def one(client: Client, prompt: dict[str, Any], params: dict[str, Any], stream: bool = False) -> dict[str, Any]:
     body: dict[str, Any] = {"model": params["model"], "messages": prompt["messages"],
-                            "max_tokens": params["max_tokens"], "temperature": 0, "stream": False,
+                            "max_tokens": params["max_tokens"], "temperature": 0, "stream": stream,
                             "chat_template_kwargs": {"enable_thinking": params["thinking"]}}
+    if stream:
+        body["stream_options"] = {"include_usage": True}
     if params["meta_info"]:
-        body.update(return_meta_info=True, return_spec_tokens_details=True)
+        body.update(return_spec_tokens_details=True, **({} if stream else {"return_meta_info": True}))
     started = time.monotonic()
-    out: dict[str, Any] = {"prompt": prompt.get("name", ""), "started": started, "ok": False,
+    out: dict[str, Any] = {"prompt": prompt.get("name", ""), "started": started, "ok": False, "stream": stream,
                            "completion_tokens": 0, "answer": {}, "error": ""}
     try:
-        status, raw = client.post("/v1/chat/completions", body)
-        answer = json.loads(raw or b"{}")
-        if status != 200:
-            out["error"] = f"HTTP {status}: {raw[:200].decode('utf-8', 'replace')}"
+        response = client.open("/v1/chat/completions", body)
+        if response.status != 200:
+            out["error"] = f"HTTP {response.status}: {response.read()[:200].decode('utf-8', 'replace')}"
         else:
-            tokens = int(((answer.get("usage") or {}).get("completion_tokens")) or 0)
-            content = ((answer.get("choices") or [{}])[0].get("message") or {}).get("content")
+            if stream:
+                tokens, content, answer = streamed(response, out)
+            else:
+                answer = json.loads(response.read() or b"{}")
+                tokens = int(((answer.get("usage") or {}).get("completion_tokens")) or 0)
+                content = str(((answer.get("choices") or [{}])[0].get("message") or {}).get("content") or "")
             out.update(ok=tokens > 0 and bool(content), completion_tokens=tokens, answer=trimmed(answer))
             if not out["ok"]:
                 out["error"] = "an empty completion"
     except Exception as exc:  # a refused connection, a deadline, a broken answer: the request failed
+        client.drop()
         out["error"] = f"{type(exc).__name__}: {exc}"
     out["finished"] = time.monotonic()
     return out
@@ -204,7 +251,8 @@ def run_at(concurrency: int, params: dict[str, Any], key: str) -> dict[str, Any]
                 counter["next"] += 1
             if index >= total:
                 return
-            results[index] = one(client, prompts[index % len(prompts)], params)
+            results[index] = one(client, prompts[index % len(prompts)], params,
+                                 stream=params["stream"] and index % 2 == 1)
 
     threads = [threading.Thread(target=worker, daemon=True) for _ in range(min(concurrency, total))]
     start = time.monotonic()
@@ -226,6 +274,7 @@ def main() -> None:
             "concurrency": {"type": "list", "elements": "int", "default": [4]},
             "max_tokens": {"type": "int"},
             "meta_info": {"type": "bool", "default": True},
+            "stream": {"type": "bool", "default": True},
             "thinking": {"type": "bool"},
             "timeout_s": {"type": "float"},
             "api_key_file": {"type": "path"},

@@ -69,9 +69,16 @@ def test_a_healthy_speculative_engine_passes_with_its_figures_read_where_0523_pu
     assert set(answer) == {"choices", "sglext"}
     assert set(answer["choices"][0]["meta_info"]) >= {"spec_accept_length", "spec_verify_ct"}
     assert not any(k.endswith("_histogram") for k in answer["sglext"]["spec_tokens_details"])
+    # Every second request streamed: its acceptance from the sglext chunk, its first token between send and end.
+    outcomes = result["runs"][0]["outcomes"]
+    assert [o["stream"] for o in outcomes] == [False, True] * 6
+    assert set(outcomes[1]["answer"]) == {"sglext"} and "first_token" not in outcomes[0]
+    assert all(o["started"] < o["first_token"] < o["finished"] for o in outcomes[1::2])
     figures = loadgate.run_figures(result["runs"])
     assert [(f["concurrency"], f["requests"], f["failed"]) for f in figures] == [(1, 12, 0), (4, 12, 0)]
     assert all(f["output_tokens"] == 12 * 48 and f["accept_length_requests"] == 12 for f in figures)
+    assert all(0 < f["ttft_ms_p50"] <= f["ttft_ms_p99"] and 0 < f["itl_ms_p50"] <= f["itl_ms_p99"]
+               for f in figures), figures
     assert all(f["accept_length_mean"] > 3 for f in figures), figures
     verdict = loadgate.verdict(figures, None, SETTINGS, speculative=True)
     assert verdict["passed"], verdict

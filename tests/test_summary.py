@@ -111,3 +111,16 @@ def test_behind_the_gateway_each_replica_is_named_with_its_gpus_what_the_run_did
         "added back (check mode)",
         "replica 1: sglang-qwen-r1.service on GPUs 2,3 at http://127.0.0.1:30002, unchanged (check mode)",
         "replica 2: sglang-qwen-r2.service on GPUs 4,5 at http://127.0.0.1:30003, would start (check mode)"]
+
+
+def test_load_lines_give_the_figures_of_each_concurrency_with_latencies_when_streamed() -> None:
+    figures = [{"concurrency": 4, "requests": 32, "failed": 0, "output_tokens_per_s": 812.5, "requests_per_s": 12.7,
+                "accept_length_mean": 4.9, "verify_ct": 420, "ttft_ms_p50": 41.0, "ttft_ms_p99": 88.5,
+                "itl_ms_p50": 6.2, "itl_ms_p99": 9.9},
+               {"concurrency": 1, "requests": 32, "failed": 1, "output_tokens_per_s": 150.0, "requests_per_s": 2.3,
+                "accept_length_mean": None, "ttft_ms_p50": None, "itl_ms_p50": None}]
+    assert summary.load_lines({"figures": figures}, "  ") == [
+        "  load at concurrency 4: 32 requests, 0 failed, 812.5 output tok/s, 12.7 req/s, acceptance length 4.9 "
+        "(verify count 420), TTFT p50/p99 41.0/88.5 ms, ITL p50/p99 6.2/9.9 ms",
+        "  load at concurrency 1: 32 requests, 1 failed, 150.0 output tok/s, 2.3 req/s"]
+    assert summary.load_lines(None, "") == []

@@ -410,17 +410,22 @@ print(json.dumps([models[item["kind"]].model_validate(item["answer"]).model_dump
 """
 
 
-@pytest.mark.sglang_parser
-def test_openai_answers_are_shaped_as_the_real_0523_response_models_serialize_them(served: Proc) -> None:
+def real_0523_python() -> Path:
+    """The Python of the cached SGLang 0.5.23 parser venv (tools/sglang_parser_env.sh); skips when it is missing."""
     sys.path.insert(0, str(REPO / "tests"))
     try:
         import sglang_real
     finally:
         sys.path.pop(0)
     try:
-        python = sglang_real.launcher("0.5.23")
+        return Path(sglang_real.launcher("0.5.23"))
     except sglang_real.ParserEnvMissing as e:
         pytest.skip(str(e))
+
+
+@pytest.mark.sglang_parser
+def test_openai_answers_are_shaped_as_the_real_0523_response_models_serialize_them(served: Proc) -> None:
+    python = real_0523_python()
     asks = {"return_meta_info": True, "return_spec_tokens_details": True, "max_tokens": 16}
     answers = [
         {"kind": "chat", "answer": json.loads(http(served.url("/v1/chat/completions"), {
@@ -435,6 +440,75 @@ def test_openai_answers_are_shaped_as_the_real_0523_response_models_serialize_th
     assert proc.returncode == 0, proc.stderr[-3000:]
     for item, real in zip(answers, json.loads(proc.stdout), strict=True):
         assert item["answer"] == real, item["kind"]
+
+
+# Reads the events of a streamed chat answer on stdin ({"kind": role|content|finish|sglext|usage, "event": ...});
+# prints each as 0.5.23's serving_chat.py writes it for the same values (sse_utils.build_sse_content for the choice
+# chunks, ChatCompletionStreamResponse.model_dump_json for the sglext and usage chunks).
+REAL_STREAM = """
+import json, sys
+from sglang.srt.entrypoints.openai.protocol import ChatCompletionStreamResponse, SglExt, SpecTokensDetails, UsageInfo
+from sglang.srt.entrypoints.openai.sse_utils import build_sse_content
+out = []
+for item in json.load(sys.stdin):
+    e = item["event"]
+    head = dict(chunk_id=e["id"], created=e["created"], model=e["model"], index=0)
+    if item["kind"] in ("role", "content", "finish"):
+        c = e["choices"][0]
+        d = c["delta"]
+        out.append(build_sse_content(**head, role=d.get("role"), content=d.get("content"),
+                                     reasoning_content=d["reasoning_content"], finish_reason=c["finish_reason"],
+                                     matched_stop=c["matched_stop"]))
+    else:
+        extra = ({"sglext": SglExt(spec_tokens_details=SpecTokensDetails(**e["sglext"]["spec_tokens_details"]))}
+                 if item["kind"] == "sglext" else {"usage": UsageInfo(**e["usage"])})
+        out.append("data: " + ChatCompletionStreamResponse(id=e["id"], created=e["created"], model=e["model"],
+                                                           choices=[], **extra).model_dump_json() + "\\n\\n")
+print(json.dumps(out))
+"""
+
+
+def stream_events(raw: bytes) -> list[str]:
+    """The server-sent events of a stream, each as sent (`data: ...\\n\\n`)."""
+    return [event + "\n\n" for event in raw.decode().split("\n\n") if event]
+
+
+def test_a_streamed_chat_answer_sends_one_chunk_per_step_then_finish_sglext_usage_and_done(served: Proc) -> None:
+    body = {"model": "Qwen3.6-27B", "messages": [{"role": "user", "content": "Explain speculative decoding."}],
+            "max_tokens": 64, "stream": True, "stream_options": {"include_usage": True},
+            "return_spec_tokens_details": True}
+    status, raw = http(served.url("/v1/chat/completions"), body)
+    events = stream_events(raw)
+    assert status == 200 and events[-1] == "data: [DONE]\n\n"
+    chunks = [json.loads(e[len("data: "):]) for e in events[:-1]]
+    role, *contents, finish, sglext, usage = chunks
+    assert role["choices"][0]["delta"] == {"reasoning_content": None, "role": "assistant", "content": ""}
+    details = sglext["sglext"]["spec_tokens_details"]
+    # One content chunk per verify step (several tokens each); together they are the whole answer.
+    assert len(contents) == details["spec_verify_ct"] > 1
+    text = "".join(c["choices"][0]["delta"]["content"] for c in contents)
+    assert len(text.split()) == usage["usage"]["completion_tokens"] == 64
+    assert finish["choices"][0]["finish_reason"] == "length" and usage["choices"] == []
+    assert details["spec_accept_length"] == pytest.approx(64 / details["spec_verify_ct"])
+    # Without the two asks: neither the sglext nor the usage chunk.
+    plain = stream_events(http(served.url("/v1/chat/completions"), {**body, "stream_options": None,
+                                                                    "return_spec_tokens_details": False})[1])
+    assert not any('"sglext"' in e or '"usage"' in e for e in plain) and plain[-1] == "data: [DONE]\n\n"
+
+
+@pytest.mark.sglang_parser
+def test_a_streamed_chat_answer_is_byte_for_byte_what_0523_writes(served: Proc) -> None:
+    python = real_0523_python()
+    raw = http(served.url("/v1/chat/completions"), {
+        "model": "Qwen3.6-27B", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 16, "stream": True,
+        "stream_options": {"include_usage": True}, "return_spec_tokens_details": True})[1]
+    events = stream_events(raw)[:-1]
+    kinds = ["role", *["content"] * (len(events) - 4), "finish", "sglext", "usage"]
+    items = [{"kind": k, "event": json.loads(e[len("data: "):])} for k, e in zip(kinds, events, strict=True)]
+    proc = subprocess.run([str(python), "-c", REAL_STREAM], input=json.dumps(items), capture_output=True, text=True,
+                          check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert events == json.loads(proc.stdout)
 
 
 def test_chat_completions_and_server_info(served: Proc) -> None:

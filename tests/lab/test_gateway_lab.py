@@ -109,8 +109,11 @@ def test_the_first_gateway_deploy_migrates_the_single_process_unit_and_serves_ev
     assert figures["accept_length_mean"] >= 1.5 and figures["output_tokens"] == 32 * 64, figures
     assert record["load"]["inputs"]["prompts"] == ["code", "math", "chat"]
     assert out.count("first deployment with load figures: recorded, nothing to compare with") == 4, out[-3000:]
+    # Every second request streamed: time to first token and inter-token latency beside the acceptance.
     assert re.search(r"load at concurrency 32: 32 requests, 0 failed, [0-9.]+ output tok/s, [0-9.]+ req/s, "
-                     r"acceptance length [0-9.]+ \(verify count \d+\)", out), out[-3000:]
+                     r"acceptance length [0-9.]+ \(verify count \d+\), TTFT p50/p99 [0-9.]+/[0-9.]+ ms, "
+                     r"ITL p50/p99 [0-9.]+/[0-9.]+ ms", out), out[-3000:]
+    assert figures["ttft_ms_p50"] > 0 and figures["itl_ms_p50"] > 0, figures
     # The gateway from its lab lock, hashes required; its record names that lock.
     lock = ROOT / "locks" / "smg-1.13.0-py3.11-x86_64-manylinux_2_34.txt"
     gateway = json.loads(routed.ssh("ct200", "cat", "/var/lib/dflash-infra/smg-gateway.json").stdout)
@@ -145,9 +148,11 @@ def test_the_benchmark_measures_the_endpoint_through_the_gateway_and_changes_not
     out = " ".join(result.stdout.split())
     assert result.returncode == 0, out[-5000:]
     # Concurrency 1, 4 and the endpoint's maximum: four replicas of max_running_requests 32.
+    # Through smg: the streamed requests' chunks (their first token, their sglext acceptance) pass the gateway.
     for c in (1, 4, 128):
         assert re.search(rf"ct200: load at concurrency {c}: 32 requests, 0 failed, [0-9.]+ output tok/s, [0-9.]+ "
-                         r"req/s, acceptance length [0-9.]+", out), out[-3000:]
+                         r"req/s, acceptance length [0-9.]+ \(verify count \d+\), TTFT p50/p99 [0-9.]+/[0-9.]+ ms, "
+                         r"ITL p50/p99 [0-9.]+/[0-9.]+ ms", out), out[-3000:]
     assert recap(result)["changed"] == 0 and routed.changeable_state() == before
 
 

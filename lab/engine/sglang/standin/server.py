@@ -15,8 +15,10 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import itertools
 import json
 import re
+import socket
 import threading
 import time
 import uuid
@@ -126,6 +128,14 @@ def spec_metrics(prompt: str, completion_tokens: int, block: int, collapsed: boo
 
 def generate_one(state: EngineState, prompt: str, sampling: dict[str, Any], started: float) -> dict[str, Any]:
     """One /generate result: text, output_ids and meta_info."""
+    result, steps = decoded(state, prompt, sampling)
+    time.sleep(steps * state.step_s)  # decoding: one step per verify (speculative) or per token
+    return finished(state, result, started)
+
+
+def decoded(state: EngineState, prompt: str, sampling: dict[str, Any]) -> tuple[dict[str, Any], int]:
+    """A result before its time is spent (text, output_ids, meta_info) and its decode steps: one per verify when
+    speculative, else one per token."""
     max_new = sampling.get("max_new_tokens")
     limit = DEFAULT_MAX_NEW_TOKENS if max_new is None else int(max_new)
     text, ids = completion(prompt, limit)
@@ -144,11 +154,51 @@ def generate_one(state: EngineState, prompt: str, sampling: dict[str, Any], star
         collapsed = state.accept_collapse and state.in_flight >= 2
         meta.update(spec_metrics(prompt, len(ids), state.num_draft_tokens, collapsed))
         steps = int(meta.get("spec_verify_ct") or steps)
-    time.sleep(steps * state.step_s)  # decoding: one step per verify (speculative) or per token
-    meta["e2e_latency"] = time.monotonic() - started
+    return {"text": text, "output_ids": ids, "meta_info": meta}, max(1, steps)
+
+
+def finished(state: EngineState, result: dict[str, Any], started: float) -> dict[str, Any]:
+    """The result once decoded: its latency, counted in the metrics."""
+    result["meta_info"]["e2e_latency"] = time.monotonic() - started
     if state.metrics is not None:
-        state.metrics.finished(meta)
-    return {"text": text, "output_ids": ids, "meta_info": meta}
+        state.metrics.finished(result["meta_info"])
+    return result
+
+
+def step_deltas(text: str, steps: int) -> list[str]:
+    """The text in `steps` pieces, one per decode step, whose concatenation is the text (a streamed answer sends one
+    piece per step: several tokens per verify when speculative)."""
+    words = text.split()
+    cuts = [round(i * len(words) / steps) for i in range(steps + 1)]
+    return ["".join(" " + w for w in words[a:b]) for a, b in itertools.pairwise(cuts)]
+
+
+def _sse(payload: dict[str, Any]) -> bytes:
+    """One server-sent event as 0.5.23 writes it: compact JSON (msgspec / pydantic's model_dump_json)."""
+    return b"data: " + json.dumps(payload, separators=(",", ":")).encode() + b"\n\n"
+
+
+def chat_chunk(chunk_id: str, created: int, model: str, delta: dict[str, Any], finish_reason: str | None = None,
+               matched_stop: Any = None) -> dict[str, Any]:
+    """sse_utils.build_sse_content of 0.5.23: StreamChunk (usage left out when unset) of one StreamChoice (every
+    field) whose StreamDelta always has reasoning_content and has role and content only when set."""
+    return {"id": chunk_id, "object": "chat.completion.chunk", "created": created, "model": model,
+            "choices": [{"index": 0, "delta": {"reasoning_content": None, **delta}, "logprobs": None,
+                         "finish_reason": finish_reason, "matched_stop": matched_stop}]}
+
+
+def response_chunk(chunk_id: str, created: int, model: str, **fields: Any) -> dict[str, Any]:
+    """ChatCompletionStreamResponse(choices=[]).model_dump_json() of 0.5.23: the sglext chunk (usage null) and the
+    usage chunk (no sglext key)."""
+    return {"id": chunk_id, "object": "chat.completion.chunk", "created": created, "model": model, "choices": [],
+            "usage": fields.get("usage"), **({"sglext": fields["sglext"]} if "sglext" in fields else {})}
+
+
+def usage_info(meta: dict[str, Any]) -> dict[str, Any]:
+    """UsageInfo of 0.5.23's openai/protocol.py for one answer."""
+    return {"prompt_tokens": meta["prompt_tokens"], "total_tokens": meta["prompt_tokens"] + meta["completion_tokens"],
+            "completion_tokens": meta["completion_tokens"], "prompt_tokens_details": None, "reasoning_tokens": 0,
+            "completion_tokens_details": None}
 
 
 # SpecTokensDetails of 0.5.23's openai/protocol.py: every field with its default (utils.py fills them in).
@@ -183,6 +233,11 @@ class Handler(BaseHTTPRequestHandler):
     sys_version = ""
     protocol_version = "HTTP/1.1"
     state: EngineState  # set on the subclass by make_server
+
+    def setup(self) -> None:
+        super().setup()
+        # uvicorn (asyncio) sends with TCP_NODELAY: a streamed chunk leaves at once, not after the peer's delayed ACK.
+        self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
     # -- plumbing ---------------------------------------------------------------------------------
     def log_message(self, format: str, *args: Any) -> None:  # BaseHTTPRequestHandler's name
@@ -294,6 +349,38 @@ class Handler(BaseHTTPRequestHandler):
             with self.state.lock:
                 self.state.in_flight -= 1
 
+    def _chat_stream(self, body: dict[str, Any], prompt: str, started: float, sampling: dict[str, Any],
+                     finish: tuple[str, Any]) -> None:
+        """serving_chat.py _generate_chat_stream of 0.5.23, as uvicorn sends it (chunked): the role chunk, one
+        content chunk per decode step, the finish chunk, the sglext chunk (return_spec_tokens_details), the usage
+        chunk (stream_options.include_usage) and [DONE]."""
+        result, steps = decoded(self.state, prompt, sampling)
+        meta, created = result["meta_info"], int(time.time())
+        model = body.get("model") or self.state.served_model_name
+        self.send_response(200)
+        self.send_header("content-type", "text/event-stream; charset=utf-8")
+        self.send_header("transfer-encoding", "chunked")
+        self.end_headers()
+
+        def send(event: bytes) -> None:
+            self.wfile.write(f"{len(event):x}\r\n".encode() + event + b"\r\n")
+            self.wfile.flush()
+
+        send(_sse(chat_chunk(meta["id"], created, model, {"role": "assistant", "content": ""})))
+        for delta in step_deltas(result["text"], steps):
+            time.sleep(self.state.step_s)
+            send(_sse(chat_chunk(meta["id"], created, model, {"content": delta})))
+        finished(self.state, result, started)
+        send(_sse(chat_chunk(meta["id"], created, model, {}, finish_reason=finish[0], matched_stop=finish[1])))
+        details = spec_tokens_details(meta) if body.get("return_spec_tokens_details") else None
+        if details:
+            send(_sse(response_chunk(meta["id"], created, model, sglext={"spec_tokens_details": details})))
+        if (body.get("stream_options") or {}).get("include_usage"):
+            send(_sse(response_chunk(meta["id"], created, model, usage=usage_info(meta))))
+        send(b"data: [DONE]\n\n")
+        send(b"")  # the last chunk of a chunked body
+        self._access(200)
+
     def _card(self, name: str) -> dict[str, Any]:
         return {"id": name, "object": "model", "created": int(time.time()), "owned_by": "sglang",
                 "root": name, "parent": None, "max_model_len": self.state.context_length}
@@ -324,14 +411,14 @@ class Handler(BaseHTTPRequestHandler):
                              "param": None, "code": 400})
             return
         limit = body.get("max_completion_tokens") or body.get("max_tokens")
-        result = generate_one(self.state, prompt, {"max_new_tokens": limit or 32}, started)
-        meta = result["meta_info"]
         finish = "length" if limit else "stop"
         matched = None if limit else self.state.eos_token_id
-        usage = {"prompt_tokens": meta["prompt_tokens"],
-                 "total_tokens": meta["prompt_tokens"] + meta["completion_tokens"],
-                 "completion_tokens": meta["completion_tokens"], "prompt_tokens_details": None, "reasoning_tokens": 0,
-                 "completion_tokens_details": None}
+        if chat and body.get("stream"):
+            self._chat_stream(body, prompt, started, {"max_new_tokens": limit or 32}, (finish, matched))
+            return
+        result = generate_one(self.state, prompt, {"max_new_tokens": limit or 32}, started)
+        meta = result["meta_info"]
+        usage = usage_info(meta)
         if chat:
             choice = {"index": 0, "message": {"role": "assistant", "content": result["text"].strip(),
                                               "reasoning_content": None},  # ChatMessage drops tool_calls: None
