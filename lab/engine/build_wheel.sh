@@ -7,7 +7,8 @@
 # unchanged is left alone, and the build is reproducible (fixed SOURCE_DATE_EPOCH).
 #
 # Usage: lab/engine/build_wheel.sh [VERSION]     VERSION defaults to sglang/version.py (0.5.23+lab);
-#                                                 e.g. 0.5.19+lab builds a stand-in with the 0.5.19 table.
+#                                                 e.g. 0.5.19+lab builds a stand-in with the 0.5.19 table,
+#                                                 0.5.23+ddtree.lab the DDTree variant (0.5.23+ddtree table).
 # Environment: LAB_WHEELHOUSE (output folder), PYTHON (a python with setuptools; default .venv/bin/python).
 # Prints the wheel's path on its last line.
 set -euo pipefail
@@ -20,11 +21,15 @@ PYTHON="${PYTHON:-$REPO/.venv/bin/python}"
 
 DEFAULT_VERSION="$(sed -n 's/^__version__ = "\(.*\)"$/\1/p' "$ENGINE/sglang/version.py")"
 VERSION="${1:-$DEFAULT_VERSION}"
-if [[ ! "$VERSION" =~ ^[0-9]+\.[0-9]+\.[0-9]+\+lab$ ]]; then
-  echo "build_wheel.sh: expected a version like 0.5.23+lab (the +lab tag marks the stand-in), found '$VERSION'" >&2
+if [[ ! "$VERSION" =~ ^[0-9]+\.[0-9]+\.[0-9]+\+(ddtree\.)?lab$ ]]; then
+  echo "build_wheel.sh: expected a version like 0.5.23+lab or 0.5.23+ddtree.lab (the lab tag marks the stand-in)," \
+       "found '$VERSION'" >&2
   exit 2
 fi
+# The table the stand-in parses with: the release's, or for the DDTree variant (+ddtree.lab) the table of that
+# release with SGLang PR #29907 (<release>+ddtree.json).
 RELEASE="${VERSION%%+*}"
+[[ "$VERSION" == *+ddtree.lab ]] && RELEASE="$RELEASE+ddtree"
 TABLE="$REPO/dflash_infra/data/sglang/$RELEASE.json"
 if [[ ! -f "$TABLE" ]]; then
   echo "build_wheel.sh: expected the SGLang $RELEASE flag table at $TABLE, found nothing;" \

@@ -1021,3 +1021,98 @@ def test_the_launcher_refuses_a_key_on_the_command_line_and_a_missing_control_pl
     assert given.returncode == 1 and "--api-key on the command line is refused (visible in ps)" in given.stderr
     missing = subprocess.run(launch, capture_output=True, text=True, env=env, check=False)
     assert missing.returncode == 1 and "no control-plane-key credential" in missing.stderr, missing.stderr
+
+
+# ---------------------------------------------------------------------------------------------
+# The DDTree variant (sglang 0.5.23+ddtree.lab): the table of 0.5.23 with SGLang PR #29907, and a speed model of
+# its own, so that DDTree is chosen by the canary's measurement on a build that has it, never assumed.
+# ---------------------------------------------------------------------------------------------
+
+DDTREE_VERSION = "0.5.23+ddtree.lab"
+
+
+@pytest.fixture(scope="module")
+def ddtree_python(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A fresh venv with the DDTree variant, built into its own folder (not the lab's wheelhouse, which the lab
+    copies into its containers)."""
+    wheels = tmp_path_factory.mktemp("ddtree-wheels")
+    env = dict(os.environ, PYTHON=sys.executable, LAB_WHEELHOUSE=str(wheels))
+    proc = subprocess.run([str(BUILD), DDTREE_VERSION], cwd=REPO, env=env, capture_output=True, text=True,
+                          check=False)
+    assert proc.returncode == 0, f"build_wheel.sh failed:\n{proc.stdout}{proc.stderr}"
+    assert Path(proc.stdout.strip().splitlines()[-1]) == wheels / f"sglang-{DDTREE_VERSION}-py3-none-any.whl"
+    venv = tmp_path_factory.mktemp("ddtree-venv") / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    pip = subprocess.run([str(venv / "bin" / "pip"), "install", "--quiet", "--no-index", "--find-links", str(wheels),
+                          f"sglang=={DDTREE_VERSION}"], capture_output=True, text=True, check=False)
+    assert pip.returncode == 0, pip.stdout + pip.stderr
+    return venv / "bin" / "python"
+
+
+def planned_argv(model_dirs: dict[str, Path], **speculative: Any) -> list[str]:
+    """The planner's argv for examples/pro6000.yml on the DDTree build, with `speculative` over its settings."""
+    request = yaml.safe_load((REPO / "examples" / "pro6000.yml").read_text())
+    request["sglang_version"] = "0.5.23+ddtree"
+    request["speculative"] = {**request["speculative"], **speculative}
+    result = plan_dict(request, base=REPO / "examples")
+    assert not result["errors"], result["errors"]
+    argv = list(result["args"])
+    for flag, value in (("--model-path", str(model_dirs["target"])),
+                        ("--speculative-draft-model-path", str(model_dirs["draft"])), ("--host", "127.0.0.1")):
+        argv[argv.index(flag) + 1] = value
+    return argv
+
+
+def test_the_ddtree_variant_parses_with_the_prs_table_and_the_release_stand_in_refuses_its_flag(
+        ddtree_python: Path, venv_python: Path, model_dirs: dict[str, Path]) -> None:
+    argv = planned_argv(model_dirs, algorithm="ddtree", tree_budget=16)
+    assert argv[argv.index("--speculative-algorithm") + 1] == "DDTREE" and "--disable-overlap-schedule" in argv
+    help_text = run_standin(ddtree_python, ["--help"]).stdout
+    assert "--speculative-ddtree-budget" in help_text
+    refused = run_standin(venv_python, argv)  # the 0.5.23 stand-in, as upstream 0.5.23 would
+    assert refused.returncode == 2 and "unrecognized arguments: --speculative-ddtree-budget 16" in refused.stderr
+
+
+def test_a_ddtree_candidate_is_measured_against_the_chain_and_kept_out_when_slower(
+        ddtree_python: Path, model_dirs: dict[str, Path], gpu_profile: Path, tmp_path: Path) -> None:
+    sys.path.insert(0, str(REPO / "tests"))
+    try:
+        from helpers import run_module
+    finally:
+        sys.path.pop(0)
+    from dflash_infra import canary, loadgate
+
+    # At block 8 (the deployment caps drafts at 16: a tree of 16 nodes is twice the chain's 7 drafts + 1).
+    block = {"block_size": 8, "draft_window": 8}
+    sides = {"chain": planned_argv(model_dirs, **block),
+             "plain-chain tree": planned_argv(model_dirs, **block, algorithm="ddtree", tree_budget=7),
+             "tree of 16": planned_argv(model_dirs, **block, algorithm="ddtree", tree_budget=16)}
+    engines = {name: start(ddtree_python, argv, tmp_path, gpu_profile, {"SGLANG_STANDIN_STEP_MS": "4"})
+               for name, argv in sides.items()}
+    prompts = [{"name": "code", "messages": [{"role": "user", "content": "Write a Python function."}]},
+               {"name": "math", "messages": [{"role": "user", "content": "What is 180 km in 2.5 hours in km/h?"}]}]
+    try:
+        for engine in engines.values():
+            wait_ready(engine)
+        assert "DDTREE (SGLang PR #29907) modelled: tree budget 16, verify width 17" in engines["tree of 16"].text()
+        rounds: dict[str, list[list[dict[str, Any]]]] = {name: [] for name in engines}
+        for _ in range(2):  # alternating rounds, as the canary measures
+            for name, engine in engines.items():
+                result = run_module("dflash_load", {"url": engine.url(""), "model": "Qwen3.6-27B", "prompts": prompts,
+                                                    "requests": 16, "max_tokens": 64, "concurrency": [8]})
+                assert not result.get("failed"), result
+                rounds[name].append(loadgate.run_figures(result["runs"]))
+    finally:
+        for engine in engines.values():
+            stop(engine)
+    figures = {name: canary.rounds_figures(r) for name, r in rounds.items()}
+    chain, plain, tree = (figures[n][0] for n in ("chain", "plain-chain tree", "tree of 16"))
+    # Budget 7 at block 8 is PR #29907's default: the plain chain, accepting exactly what the chain accepts.
+    assert plain["accept_length_mean"] == chain["accept_length_mean"] and plain["failed"] == chain["failed"] == 0
+    # The wider tree accepts more per step, and each step verifies 17 tokens per request: measured, it is slower.
+    assert tree["accept_length_mean"] > chain["accept_length_mean"]
+    verdict = canary.judge(figures["chain"], figures["tree of 16"], margin=0.05, min_accept_length=1.5,
+                           speculative=True)
+    print(f"\nddtree 16 vs chain: {tree['output_tokens_per_s']} vs {chain['output_tokens_per_s']} tok/s, acceptance "
+          f"{tree['accept_length_mean']} vs {chain['accept_length_mean']}")
+    assert not verdict["promote"] and "tok/s is not the +5.0% the candidate must win by" in verdict["reasons"][0]

@@ -41,8 +41,11 @@ LOCK = threading.Lock()
 
 
 def release_of(version: str) -> str:
-    """'0.5.23+lab' -> '0.5.23'."""
-    return version.split("+", 1)[0]
+    """The flag table the stand-in parses with: '0.5.23+lab' -> '0.5.23'; the DDTree variant '0.5.23+ddtree.lab'
+    -> '0.5.23+ddtree' (the table of SGLang 0.5.23 with PR #29907, dflash_infra/data/sglang/0.5.23+ddtree.json)."""
+    release, _, local = version.partition("+")
+    build = local.split(".")[0]
+    return f"{release}+{build}" if build and build != "lab" else release
 
 
 def log(message: str, prefix: str = "") -> None:
@@ -129,7 +132,7 @@ def memory_inputs(args: dict[str, Any], resolved: rules.Resolved, setup: gpus.Gp
         mem_fraction_static=args.get("mem_fraction_static"),
         target_config=resolved.target_config,
         draft_config=resolved.draft_config,
-        num_draft_tokens=resolved.num_draft_tokens or 0,
+        num_draft_tokens=verify_width(resolved),
         max_running_requests=resolved.max_running_requests,
         mamba_full_memory_ratio=float(args.get("mamba_full_memory_ratio") or 0.9),
         mamba_ssm_dtype=args.get("mamba_ssm_dtype"),
@@ -137,6 +140,14 @@ def memory_inputs(args: dict[str, Any], resolved: rules.Resolved, setup: gpus.Gp
         chunked_prefill_size=args.get("chunked_prefill_size"),
         cuda_graph_max_bs=args.get("cuda_graph_max_bs_decode"),
     )
+
+
+def verify_width(resolved: rules.Resolved) -> int:
+    """Tokens verified per running request and step: the block (DFLASH), the tree budget + 1 (DDTREE, PR #29907:
+    it sizes the speculative scratch and the verify CUDA graphs)."""
+    if resolved.tree_budget is not None:
+        return resolved.tree_budget + 1
+    return resolved.num_draft_tokens or 0
 
 
 def architecture(config: dict[str, Any] | None) -> str:
@@ -162,7 +173,7 @@ def startup_lines(s: memory.Startup, resolved: rules.Resolved, args: dict[str, A
         lines.append(("pool", f"Memory pool end. avail mem={s.after_draft_pool:.2f} GB"))
     verify = resolved.algorithm is not None
     name = "target verify" if verify else "target decode"
-    per_req = resolved.num_draft_tokens if verify and resolved.num_draft_tokens else 1
+    per_req = verify_width(resolved) if verify and resolved.num_draft_tokens else 1
     max_bs = min(s.cuda_graph_max_bs, s.max_running_requests)
     lines.append(("graph", f"Capture {name} CUDA graph begin. backend=full, num_tokens_per_req={per_req}, "
                            f"avail mem={s.after_draft_pool:.2f} GB"))
@@ -186,7 +197,7 @@ def server_info(args: dict[str, Any], resolved: rules.Resolved, s: memory.Startu
         context_length=resolved.context_length,
         served_model_name=resolved.served_model_name,
     )
-    if resolved.algorithm == "DFLASH":
+    if resolved.algorithm in rules.DRAFTER_ALGORITHMS:
         info.update(speculative_num_draft_tokens=resolved.num_draft_tokens, speculative_num_steps=1,
                     speculative_eagle_topk=1, speculative_draft_attention_backend=resolved.draft_attention_backend)
     info.update(startup_time=time.time(), version=__version__, frontend="python",
@@ -287,7 +298,8 @@ def serve(args: dict[str, Any], resolved: rules.Resolved, s: memory.Startup, set
         served_model_name=resolved.served_model_name, model_path=resolved.model_path,
         context_length=resolved.context_length, server_info=server_info(args, resolved, s),
         model_info=model_info(args, resolved),
-        num_draft_tokens=resolved.num_draft_tokens if resolved.algorithm == "DFLASH" else None,
+        num_draft_tokens=resolved.num_draft_tokens if resolved.algorithm in rules.DRAFTER_ALGORITHMS else None,
+        tree_budget=resolved.tree_budget,
         eos_token_id=rules.text_config(resolved.target_config).get("eos_token_id"),
         fail_generate=_flag(env, "SGLANG_STANDIN_FAIL_GENERATE"), log=log,
         api_key=args.get("api_key") or None, admin_api_key=args.get("admin_api_key") or None,

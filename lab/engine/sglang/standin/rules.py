@@ -21,6 +21,12 @@ DFLASH_MAX_RUNNING_REQUESTS = 48
 DFLASH_DEFAULT_BLOCK_SIZE = 16
 
 
+# Algorithms that run the DFLASH drafter: DFLASH itself and DDTREE (SGLang PR #29907, in the variant's table only:
+# the tree search over the same drafter's block, with the same start-up rules).
+DRAFTER_ALGORITHMS = ("DFLASH", "DDTREE")
+DDTREE_PR = "SGLang PR #29907"
+
+
 @dataclass
 class Resolved:
     """What the stand-in needs after resolution: parallelism, models, speculative settings."""
@@ -34,6 +40,7 @@ class Resolved:
     draft_config: dict[str, Any] | None = None
     algorithm: str | None = None
     num_draft_tokens: int | None = None
+    tree_budget: int | None = None  # DDTREE (the variant's table only): tree nodes verified per step
     draft_window: int | None = None
     draft_attention_backend: str | None = None
     max_running_requests: int | None = None
@@ -183,10 +190,18 @@ def resolve(args: dict[str, Any]) -> Resolved:
         max_running_requests=args.get("max_running_requests"),
         context_length=context_length(target_config, args.get("context_length")),
     )
-    if resolved.algorithm == "DFLASH":
+    if resolved.algorithm in DRAFTER_ALGORITHMS:
         handle_dflash(args, resolved)
         resolved.draft_path = str(args["speculative_draft_model_path"])
         resolved.draft_config = load_model_config(resolved.draft_path)
+    if resolved.algorithm == "DDTREE":
+        block = int(resolved.num_draft_tokens or DFLASH_DEFAULT_BLOCK_SIZE)
+        budget = args.get("speculative_ddtree_budget")
+        resolved.tree_budget = block - 1 if budget is None else int(budget)
+        resolved.warnings.append(
+            f"lab stand-in: DDTREE ({DDTREE_PR}) modelled: tree budget {resolved.tree_budget}, verify width "
+            f"{resolved.tree_budget + 1} tokens per request, the DFLASH drafter's block {block}; the speed model is "
+            "the stand-in's own (server.spec_metrics), not a measurement")
     elif resolved.algorithm:
         resolved.warnings.append(
             f"lab stand-in: speculative algorithm {resolved.algorithm} is accepted but not modelled; "

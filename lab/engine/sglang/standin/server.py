@@ -63,6 +63,15 @@ class EngineState:
     in_flight: int = 0
     metrics: Metrics | None = None  # with --enable-metrics: what /metrics reports
     lock: threading.Lock = field(default_factory=threading.Lock)
+    tree_budget: int | None = None  # DDTREE (the variant build): tree nodes verified per step
+
+    @property
+    def step_time(self) -> float:
+        """Seconds of one decode step: step_s, times the wider verify of a DDTree wider than the chain
+        (ddtree_verify_cost)."""
+        if self.tree_budget is None or not self.num_draft_tokens:
+            return self.step_s
+        return self.step_s * ddtree_verify_cost(self.tree_budget, self.num_draft_tokens)
 
 
 def authorized(method: str, path: str, authorization: str | None, api_key: str | None) -> bool:
@@ -95,21 +104,44 @@ def completion(prompt: str, max_new_tokens: int) -> tuple[str, list[int]]:
     return " " + " ".join(words), ids
 
 
-def spec_metrics(prompt: str, completion_tokens: int, block: int, collapsed: bool = False) -> dict[str, Any]:
+def ddtree_tree_bonus(budget: int, block: int) -> int:
+    """THE STAND-IN'S OWN MODEL of DDTree (no measurement): drafts a tree of `budget` nodes accepts beyond the
+    chain's, one per doubling of the nodes over the chain's block - 1 (budget 31 at block 16: 1; 63: 2)."""
+    nodes, bonus = budget + 1, 0
+    while nodes >= 2 * block:
+        nodes //= 2
+        bonus += 1
+    return bonus
+
+
+def ddtree_verify_cost(budget: int, block: int) -> float:
+    """THE STAND-IN'S OWN MODEL of DDTree: a step verifying budget + 1 tokens per request costs the chain's step
+    times 1 + half the widening (memory-bound verify); a tree no wider than the chain costs the same. With
+    ddtree_tree_bonus it keeps DDTree in the 0.6-1.0x of the linear chain an independent study measured on 2x RTX
+    A6000, so a canary has something to measure; it says nothing about a real GPU."""
+    return 1.0 + 0.5 * max(0.0, (budget + 1) / block - 1.0)
+
+
+def spec_metrics(prompt: str, completion_tokens: int, block: int, collapsed: bool = False,
+                 tree_budget: int | None = None) -> dict[str, Any]:
     """meta_info speculative fields as tokenizer_manager._calculate_spec_decoding_metrics computes them.
 
     Each verify step accepts k drafts (0..block-1) plus one bonus token; k is drawn from the prompt
     hash so the figures are stable, with an average acceptance length around 4-7 for block 16.
     `collapsed`: no draft is ever accepted (acceptance length 1.0: every step yields only the bonus token).
+    `tree_budget` (DDTREE): k is at most the budget (a tree of that many nodes is at most that deep) and a tree
+    wider than the chain accepts ddtree_tree_bonus more.
     """
     if completion_tokens <= 0 or block <= 1:
         return {}
     seed = _digest(prompt, block)
     histogram = [0] * block
     produced, verify_ct, correct = 0, 0, 0
+    depth = block - 1 if tree_budget is None else min(block - 1, tree_budget)
+    bonus = 0 if tree_budget is None else ddtree_tree_bonus(tree_budget, block)
     while produced < completion_tokens:
         b = seed[verify_ct % len(seed)]
-        k = 0 if collapsed else min(block - 1, (b % 7) + (b >> 5) % 3 + 1)
+        k = 0 if collapsed else min(depth, (b % 7) + (b >> 5) % 3 + 1 + bonus)
         k = min(k, completion_tokens - produced - 1)
         histogram[k] += 1
         correct += k
@@ -129,7 +161,7 @@ def spec_metrics(prompt: str, completion_tokens: int, block: int, collapsed: boo
 def generate_one(state: EngineState, prompt: str, sampling: dict[str, Any], started: float) -> dict[str, Any]:
     """One /generate result: text, output_ids and meta_info."""
     result, steps = decoded(state, prompt, sampling)
-    time.sleep(steps * state.step_s)  # decoding: one step per verify (speculative) or per token
+    time.sleep(steps * state.step_time)  # decoding: one step per verify (speculative) or per token
     return finished(state, result, started)
 
 
@@ -152,7 +184,7 @@ def decoded(state: EngineState, prompt: str, sampling: dict[str, Any]) -> tuple[
     steps = len(ids)
     if state.num_draft_tokens:
         collapsed = state.accept_collapse and state.in_flight >= 2
-        meta.update(spec_metrics(prompt, len(ids), state.num_draft_tokens, collapsed))
+        meta.update(spec_metrics(prompt, len(ids), state.num_draft_tokens, collapsed, state.tree_budget))
         steps = int(meta.get("spec_verify_ct") or steps)
     return {"text": text, "output_ids": ids, "meta_info": meta}, max(1, steps)
 
@@ -368,7 +400,7 @@ class Handler(BaseHTTPRequestHandler):
 
         send(_sse(chat_chunk(meta["id"], created, model, {"role": "assistant", "content": ""})))
         for delta in step_deltas(result["text"], steps):
-            time.sleep(self.state.step_s)
+            time.sleep(self.state.step_time)
             send(_sse(chat_chunk(meta["id"], created, model, {"content": delta})))
         finished(self.state, result, started)
         send(_sse(chat_chunk(meta["id"], created, model, {}, finish_reason=finish[0], matched_stop=finish[1])))
