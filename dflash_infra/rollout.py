@@ -23,7 +23,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from dflash_infra import serving
+from dflash_infra import host_state, serving
 from dflash_infra.planning import gateway
 
 MAX_REPLICAS = 8  # one per GPU at most: host_state lists this many slots up front
@@ -199,3 +199,57 @@ def wanted(plan: Mapping[str, Any], service_name: str) -> list[dict[str, Any]]:
 
 __all__ = ["MAX_REPLICAS", "RolloutError", "converged_notes", "present_units", "replica_paths", "replica_plan",
            "replica_unit", "rollout", "slots", "state_inputs", "summary_lines", "turns", "wanted"]
+
+
+def rollback_turns(state: Mapping[str, Any], all_slots: Sequence[Mapping[str, Any]], slot_urls: Sequence[str],
+                   asked: Sequence[Any] | None = None) -> dict[str, Any]:
+    """The replicas an on-demand rollback puts back on their previous deployment (playbooks/rollback.yml
+    -e dflash_rollback=replicas), one turn each: `turns` (index, name, url, the previous deployment's time and
+    unit snapshot, the current one's time) and `problems` (each naming the replica, what was expected and found).
+
+    asked: the indices to roll back (`dflash_rollback_replicas`); None or empty: every replica that has a record.
+    A replica without a record, or whose record names no previous deployment with a unit snapshot, is a problem
+    when it was asked for, and left alone otherwise; asking for an index beyond the slots is a problem.
+    """
+    problems: list[str] = []
+    wanted: list[int] | None = None
+    if asked:
+        wanted = []
+        for value in asked:
+            if isinstance(value, bool) or not str(value).isdigit() or int(value) >= len(all_slots):
+                problems.append(f"dflash_rollback_replicas: expected replica indices 0-{len(all_slots) - 1}, "
+                                f"found {value!r}")
+            else:
+                wanted.append(int(value))
+    turns = []
+    for slot in all_slots:
+        index = int(slot["index"])
+        if wanted is not None and index not in wanted:
+            continue
+        found_json = host_state.path_entry(state, str(slot["record"])).get("json")
+        record = dict(found_json) if isinstance(found_json, Mapping) else {}
+        previous = record.get("previous") if isinstance(record.get("previous"), Mapping) else None
+        if not record or not previous or not previous.get("unit_backup"):
+            if wanted is not None:
+                found = ("no deployment record" if not record else
+                         f"a record of {record.get('deployed_at') or '?'} that names no previous deployment with a "
+                         "unit snapshot")
+                problems.append(f"{slot['name']}: expected a deployment record naming a previous deployment to go "
+                                f"back to, found {found}; nothing to roll back to")
+            continue
+        if not host_state.path_entry(state, str(previous["unit_backup"])).get("exists"):
+            problems.append(f"{slot['name']}: expected the unit snapshot of its previous deployment at "
+                            f"{previous['unit_backup']}, found nothing there; nothing to roll back to (its record "
+                            "names a snapshot that was removed)")
+            continue
+        turns.append({"index": index, "name": slot["name"],
+                      "url": slot_urls[index] if index < len(slot_urls) else "",
+                      "from": record.get("deployed_at") or "?", "to": previous.get("deployed_at") or "?",
+                      "to_unit": previous["unit_backup"]})
+    if not turns and not problems:
+        problems.append("no replica has a previous deployment to go back to (deployment.json's `previous` with a "
+                        "unit snapshot): nothing to roll back")
+    return {"turns": turns, "problems": problems,
+            "lines": [f"{t['name']}: back from the deployment of {t['from']} to that of {t['to']} ({t['to_unit']})"
+                      for t in turns]}
+

@@ -430,5 +430,15 @@ def test_production_needs_the_vault_and_never_shows_the_token(ansible_env: dict[
 def test_rollback_mode_is_checked_before_anything_else(ansible_env: dict[str, str]) -> None:
     proc = playbook(ansible_env, "playbooks/rollback.yml", "-l", "pro6000", "-e", "dflash_rollback=everything")
     assert proc.returncode != 0
-    assert "expected dflash_rollback unit (the default) or container, found everything" in proc.stdout
+    assert "expected dflash_rollback unit (the default), replicas or container, found everything" in proc.stdout
+    assert "UNREACHABLE" not in proc.stdout
+
+
+def test_the_replicas_rollback_is_refused_on_a_one_process_host_before_anything_else(
+        ansible_env: dict[str, str]) -> None:
+    proc = playbook(ansible_env, "playbooks/rollback.yml", "-l", "eval", "-e", "dflash_rollback=replicas")
+    assert proc.returncode != 0
+    out = " ".join(proc.stdout.split())
+    assert ("ct129 serves one engine process (dflash_serve_through_gateway: false): there are no replicas to roll "
+            "back; run this playbook without -e dflash_rollback=replicas") in out, out[-2000:]
     assert "UNREACHABLE" not in proc.stdout

@@ -239,3 +239,49 @@ def test_the_turns_are_the_running_replicas_and_the_converged_keep_their_record_
     assert notes == [{"index": 1, "name": "sglang-qwen-r1.service", "url": "http://127.0.0.1:30002", "action": "roll",
                       "would": "", "gpu_ids": [2, 3], "restarted": False, "drained": False,
                       "gates": {"state": "ready"}, "deployed_at": "2026-12-02T16:00:00+00:00", "load": None}]
+
+
+def _record_state(records: dict[str, Any], snapshots: tuple[str, ...] = ()) -> dict[str, Any]:
+    files = {path: {"path": path, "exists": True, "json": doc} for path, doc in records.items()}
+    for snapshot in snapshots:  # as host_state lists a units folder's children
+        folder, _, name = snapshot.rpartition("/")
+        files.setdefault(folder, {"path": folder, "exists": True, "kind": "dir", "children": {}})
+        files[folder]["children"][name] = {"path": snapshot, "exists": True, "kind": "dir"}
+    return {"files": files}
+
+
+def test_an_on_demand_rollback_takes_the_replicas_whose_record_names_a_previous_deployment() -> None:
+    all_slots = rollout.slots("sglang-qwen.service", "/etc/dflash", "/var/lib/dflash-infra", "/usr/local/libexec")
+    urls = [f"http://127.0.0.1:{30001 + i}" for i in range(len(all_slots))]
+    previous = {"deployed_at": "2026-12-01T10:00:00", "unit_backup": "/var/lib/x/units/20261201-deployed"}
+    state = _record_state({
+        all_slots[0]["record"]: {"deployed_at": "2026-12-02T09:00:00", "previous": previous},
+        all_slots[1]["record"]: {"deployed_at": "2026-12-02T09:01:00", "previous": None},  # a first deployment
+        all_slots[3]["record"]: {"deployed_at": "2026-12-02T09:03:00", "previous": previous}},
+        snapshots=(previous["unit_backup"],))
+    every = rollout.rollback_turns(state, all_slots, urls)
+    assert every["problems"] == [] and [t["index"] for t in every["turns"]] == [0, 3]
+    assert every["turns"][1] == {"index": 3, "name": "sglang-qwen-r3.service", "url": "http://127.0.0.1:30004",
+                                 "from": "2026-12-02T09:03:00", "to": "2026-12-01T10:00:00",
+                                 "to_unit": "/var/lib/x/units/20261201-deployed"}
+    assert every["lines"][0] == ("sglang-qwen-r0.service: back from the deployment of 2026-12-02T09:00:00 to that of "
+                                 "2026-12-01T10:00:00 (/var/lib/x/units/20261201-deployed)")
+    # Asked for by index: only those; one with nothing to go back to is refused, naming what was found.
+    assert [t["index"] for t in rollout.rollback_turns(state, all_slots, urls, [3])["turns"]] == [3]
+    asked = rollout.rollback_turns(state, all_slots, urls, [1, 2, 9, "x"])
+    assert asked["turns"] == [] and asked["problems"] == [
+        "dflash_rollback_replicas: expected replica indices 0-7, found 9",
+        "dflash_rollback_replicas: expected replica indices 0-7, found 'x'",
+        "sglang-qwen-r1.service: expected a deployment record naming a previous deployment to go back to, found a "
+        "record of 2026-12-02T09:01:00 that names no previous deployment with a unit snapshot; nothing to roll back to",
+        "sglang-qwen-r2.service: expected a deployment record naming a previous deployment to go back to, found no "
+        "deployment record; nothing to roll back to"]
+    # A record naming a snapshot that is gone: refused (restoring nothing would stop the replica), not skipped.
+    gone = _record_state({all_slots[0]["record"]: {"deployed_at": "2026-12-02T09:00:00", "previous": previous}})
+    assert rollout.rollback_turns(gone, all_slots, urls)["problems"] == [
+        "sglang-qwen-r0.service: expected the unit snapshot of its previous deployment at "
+        "/var/lib/x/units/20261201-deployed, found nothing there; nothing to roll back to (its record names a "
+        "snapshot that was removed)"]
+    assert rollout.rollback_turns({}, all_slots, urls)["problems"] == [
+        "no replica has a previous deployment to go back to (deployment.json's `previous` with a unit snapshot): "
+        "nothing to roll back"]

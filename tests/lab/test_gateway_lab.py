@@ -350,3 +350,50 @@ def test_a_candidate_whose_acceptance_collapses_under_load_fails_on_the_canary_a
     assert all(unit_state(routed, u)[0] == "active" for u in REPLICAS)
     print(f"\ncollapsing canary: {figures['requests']} requests through the gateway, {figures['failed']} failed")
     assert figures["requests"] > 50 and figures["failed"] == 0, figures
+
+
+def test_replicas_roll_back_on_demand_one_at_a_time_under_load_to_their_previous_deployment(
+        routed: LabHandle, tmp_path: Path) -> None:
+    """playbooks/rollback.yml -e dflash_rollback=replicas: the replicas as the earlier tests leave them run the
+    promoted canary's settings, their records name the baseline as the previous deployment. --check lists every
+    replica and changes nothing; asked for r2 and r3, those two go back to their previous unit snapshot, drained
+    and added back one at a time under load, and the others are left alone."""
+    ct200 = routed.addresses["ct200"]
+    records = {u: json.loads(routed.ssh("ct200", "cat", f"/var/lib/dflash-infra/{u[:-8]}/deployment.json").stdout)
+               for u in REPLICAS}
+    assert all(r["previous"]["unit_backup"] for r in records.values())
+    state = routed.changeable_state()
+    check = play("playbooks/rollback.yml", "--check", extra={"dflash_rollback": "replicas"})
+    out = " ".join(check.stdout.split())
+    assert check.returncode == 0, out[-3000:]
+    assert "would roll back (check mode, nothing changes)" in out and all(
+        f"{u}: back from the deployment of {records[u]['deployed_at']} to that of "
+        f"{records[u]['previous']['deployed_at']}" in out for u in REPLICAS), out[-3000:]
+    assert recap(check)["changed"] == 0 and routed.changeable_state() == state
+
+    before = {u: routed.ssh("ct200", "systemctl", "cat", u).stdout for u in REPLICAS[:2]}
+    load = Load(f"http://{ct200}:30000", tmp_path / "load")
+    result = play("playbooks/rollback.yml", extra={"dflash_rollback": "replicas", "dflash_rollback_replicas": [2, 3]})
+    figures = load.stop()
+    out = " ".join(result.stdout.split())
+    assert result.returncode == 0, out[-5000:]
+    for unit in REPLICAS[2:]:
+        snapshot = records[unit]["previous"]["unit_backup"]
+        now = routed.ssh("ct200", "cat", f"/etc/systemd/system/{unit}").stdout
+        assert now == routed.ssh("ct200", "cat", f"{snapshot}/{unit}").stdout and "--max-running-requests 24" not in \
+            now.replace(" \\\n    ", " ")
+        record = json.loads(routed.ssh("ct200", "cat", f"/var/lib/dflash-infra/{unit[:-8]}/deployment.json").stdout)
+        assert record["deployed_at"] == records[unit]["previous"]["deployed_at"], record
+        assert unit_state(routed, unit)[0] == "active"
+    assert {u: routed.ssh("ct200", "systemctl", "cat", u).stdout for u in REPLICAS[:2]} == before
+    workers = json.loads(routed.ssh("ct200", "python3", "/usr/local/lib/dflash-infra/smg-ctl", "--url",
+                                    f"http://{ct200}:30000", "--credentials", "/etc/dflash-infra/smg-gateway",
+                                    "workers").stdout)["workers"]
+    assert sorted(w["url"] for w in workers) == [f"http://{ct200}:{30001 + i}" for i in range(4)]
+    print(f"\non-demand rollback of r2, r3 under load: {figures['requests']} requests, {figures['failed']} failed")
+    assert figures["requests"] > 20 and figures["failed"] == 0, figures
+    # Nothing to go back to is refused up front, naming the replica, and changes nothing.
+    again = play("playbooks/rollback.yml", extra={"dflash_rollback": "replicas", "dflash_rollback_replicas": [7]})
+    assert again.returncode != 0 and ("sglang-qwen-r7.service: expected a deployment record naming a previous "
+                                      "deployment to go back to, found no deployment record") in " ".join(
+        again.stdout.split()), again.stdout[-3000:]
