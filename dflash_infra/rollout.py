@@ -198,7 +198,7 @@ def wanted(plan: Mapping[str, Any], service_name: str) -> list[dict[str, Any]]:
 
 
 __all__ = ["MAX_REPLICAS", "RolloutError", "converged_notes", "present_units", "replica_paths", "replica_plan",
-           "replica_unit", "rollout", "slots", "state_inputs", "summary_lines", "turns", "wanted"]
+           "replica_unit", "rollback_turns", "rollout", "slots", "state_inputs", "summary_lines", "turns", "wanted"]
 
 
 def rollback_turns(state: Mapping[str, Any], all_slots: Sequence[Mapping[str, Any]], slot_urls: Sequence[str],
@@ -252,4 +252,3 @@ def rollback_turns(state: Mapping[str, Any], all_slots: Sequence[Mapping[str, An
     return {"turns": turns, "problems": problems,
             "lines": [f"{t['name']}: back from the deployment of {t['from']} to that of {t['to']} ({t['to_unit']})"
                       for t in turns]}
-

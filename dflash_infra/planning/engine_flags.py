@@ -54,7 +54,7 @@ def shape_problems(value: Any) -> list[str]:
     return problems
 
 
-def _typed(flag: str, value: Any, option: Mapping[str, Any]) -> tuple[str | None, str | None]:
+def _typed(value: Any, option: Mapping[str, Any]) -> tuple[str | None, str | None]:
     """One value as the option's type and choices take it: (its text, None) or (None, the error)."""
     kind, choices = str(option.get("type")), option.get("choices")
     if kind.endswith("human_readable_int") and not HUMAN_INT.fullmatch(engine.format_value(value)):
@@ -74,7 +74,7 @@ def _typed(flag: str, value: Any, option: Mapping[str, Any]) -> tuple[str | None
 
 
 def _value_argv(flag: str, value: Any, option: Mapping[str, Any] | None) -> tuple[list[str], str | None]:
-    """The words after `flag` for `value` (None: the flag is left out), or the error."""
+    """The words after `flag` for `value` (a value render has not left out), or the error."""
     nargs = None if option is None else option.get("nargs")
     values = list(value) if isinstance(value, list | tuple) else [value]
     if option is None:  # a table from --help: spellings only
@@ -89,7 +89,7 @@ def _value_argv(flag: str, value: Any, option: Mapping[str, Any] | None) -> tupl
         return [], f"takes one value, found a list {list(value)!r}"
     words = []
     for item in values:
-        text, error = _typed(flag, item, option)
+        text, error = _typed(item, option)
         if error:
             return [], error
         words.append(str(text))
