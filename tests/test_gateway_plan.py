@@ -48,6 +48,8 @@ def test_behind_a_gateway_each_tp_group_is_its_own_engine_on_loopback() -> None:
     assert gw["args"][5:9] == [r["url"] for r in replicas]
     assert gw["args"][gw["args"].index("--policy") + 1] == "cache_aware"
     assert not any("key" in a for a in gw["args"])
+    # smg's drain settle is no flag: it reaches smg-launch through the unit's environment (1 s, not smg's 5 s).
+    assert gw["environment"] == {"SMG_DRAIN_SETTLE_SECS": "1"} and not any("settle" in a for a in gw["args"])
     table = plan_table(plan)
     assert "replica 3: GPUs 6,7 at http://127.0.0.1:30004" in table
     assert "gateway argv: smg launch --host 0.0.0.0 --port 30000 --worker-urls http://127.0.0.1:30001 " in table
@@ -67,6 +69,7 @@ def test_the_eval_host_is_one_replica_behind_its_gateway() -> None:
     ({"worker_host": "ct200"}, {}, "gateway.worker_host: expected an IP address, found 'ct200'"),
     ({"worker_base_port": 70000}, {}, "gateway.worker_base_port: expected a TCP port (1-65535), found 70000"),
     ({"retry_max_retries": 0}, {}, "gateway.retry_max_retries: expected a whole number >= 1, found 0"),
+    ({"drain_settle_secs": 0}, {}, "gateway.drain_settle_secs: expected a whole number >= 1, found 0"),
     ({"health_check_endpoint": "health"}, {}, "gateway.health_check_endpoint: expected a path, found 'health'"),
     ({"worker_base_port": 29997}, {}, "gateway: replica 3's port 30000 is also the gateway's port"),
     ({"worker_base_port": 65534}, {}, "gateway: replica 2's port would be 65536, beyond 65535"),

@@ -31,6 +31,9 @@ DEFAULTS: dict[str, Any] = {
     "request_timeout_secs": 1800,
     "prometheus_host": "127.0.0.1",
     "prometheus_port": 29000,
+    # How long smg keeps a worker taken out of it before removing it (not a flag: smg-launch gives it to the router
+    # from the unit's SMG_DRAIN_SETTLE_SECS). smg-ctl's drain waits on the engine's queue after, so 1 s suffices.
+    "drain_settle_secs": 1,
 }
 # Setting -> smg flag, in the order the argv lists them (after --host, --port, --worker-urls).
 FLAGS = (("policy", "--policy"), ("retry_max_retries", "--retry-max-retries"),
@@ -43,7 +46,7 @@ FLAGS = (("policy", "--policy"), ("retry_max_retries", "--retry-max-retries"),
          ("prometheus_host", "--prometheus-host"), ("prometheus_port", "--prometheus-port"))
 PORT_KEYS = ("worker_base_port", "prometheus_port")
 COUNT_KEYS = ("retry_max_retries", "health_check_interval_secs", "health_check_timeout_secs",
-              "health_failure_threshold", "health_success_threshold", "request_timeout_secs")
+              "health_failure_threshold", "health_success_threshold", "request_timeout_secs", "drain_settle_secs")
 
 
 @dataclass(frozen=True)
@@ -137,6 +140,7 @@ def argv(gateway: Gateway, replicas: int) -> list[str]:
 def section(gateway: Gateway, replicas: int) -> dict[str, Any]:
     """The plan's `gateway` section: the endpoint, smg's argv, the workers it fronts and the checked settings."""
     return {"host": gateway.host, "port": gateway.port, "args": argv(gateway, replicas),
+            "environment": {"SMG_DRAIN_SETTLE_SECS": str(gateway.settings["drain_settle_secs"])},
             "workers": [gateway.worker_url(i) for i in range(replicas)], "settings": dict(gateway.settings)}
 
 

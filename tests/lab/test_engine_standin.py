@@ -442,6 +442,76 @@ def test_openai_answers_are_shaped_as_the_real_0523_response_models_serialize_th
         assert item["answer"] == real, item["kind"]
 
 
+# Reads the stand-in's /v1/loads answers on stdin ({"include": [...] | null, "loads": [...]}); prints what 0.5.23
+# answers for the same values: each load rebuilt as its LoadSnapshot (load_snapshot.py) and given back by to_dict,
+# and the prometheus text of v1_loads.py's own _format_loads_prometheus (its source, run without FastAPI).
+REAL_LOADS = """
+import ast, json, sys
+from pathlib import Path
+import msgspec
+import sglang.srt.managers.load_snapshot as ls
+source = Path(ls.__file__).parent.parent / "entrypoints" / "v1_loads.py"
+tree = ast.parse(source.read_text())
+fmt = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "_format_loads_prometheus")
+space = {"Response": lambda content, media_type: (content, media_type)}
+exec(compile(ast.Module([fmt], []), str(source), "exec"), space)
+out = []
+for item in json.load(sys.stdin):
+    include = set(item["include"]) if item["include"] else None
+    snaps = []
+    for load in item["loads"]:
+        sections = {"speculative": ls.SpeculativeMetrics(**load.pop("speculative"))} if "speculative" in load else {}
+        snaps.append(ls.LoadSnapshot(**load, **sections))
+    text, media = space["_format_loads_prometheus"](snaps, include)
+    out.append({"core_keys": list(ls._CORE_KEYS), "loads": [s.to_dict(include) for s in snaps], "prometheus": text,
+                "media_type": media})
+try:
+    ls.LoadSnapshot().to_dict({"core", "bogus"})
+except ValueError as e:
+    out.append(str(e))
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.sglang_parser
+def test_loads_are_what_0523_answers_and_count_the_requests_in_flight(served: Proc) -> None:
+    """GET /v1/loads, which smg-ctl's drain reads until the engine has nothing running or waiting: the stand-in's
+    loads are what 0.5.23's LoadSnapshot gives back for the same values (every core key, the speculative section,
+    the include filter, the 400 of an unknown section, the prometheus text), and a request being answered counts."""
+    python = real_0523_python()
+    idle = json.loads(http(served.url("/v1/loads"))[1])
+    assert idle["version"] == VERSION and idle["num_accelerators"] == 2 and idle["accelerator"], idle
+    core = json.loads(http(served.url("/v1/loads?include=core"))[1])["loads"]
+    late = threading.Thread(target=http, args=(served.url("/generate"),
+                                               {"text": "hi", "sampling_params": {"max_new_tokens": 400}}))
+    late.start()
+    try:
+        while not (busy := json.loads(http(served.url("/v1/loads?include=core"))[1])["loads"])[0]["num_running_reqs"]:
+            assert late.is_alive(), "the request ended before /v1/loads counted it"
+    finally:
+        late.join()
+    after = json.loads(http(served.url("/v1/loads?include=core"))[1])["loads"]
+    assert (busy[0]["num_running_reqs"], busy[0]["num_waiting_reqs"], after[0]["num_running_reqs"]) == (1, 0, 0)
+    spec = json.loads(http(served.url("/v1/loads?include=spec"))[1])["loads"]  # nothing changes in between
+    status, prom = http(served.url("/v1/loads?format=prometheus&include=spec"))
+    status_bad, bad = http(served.url("/v1/loads?include=core,bogus"))
+    asked = [{"include": None, "loads": idle["loads"]}, {"include": ["core"], "loads": core},
+             {"include": ["core"], "loads": busy}, {"include": ["spec"], "loads": spec}]
+    proc = subprocess.run([str(python), "-c", REAL_LOADS], input=json.dumps(asked), capture_output=True, text=True,
+                          check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    *real, invalid = json.loads(proc.stdout)
+    for item, answer in zip(asked, real, strict=True):
+        assert item["loads"] == answer["loads"], item["include"]
+        assert list(item["loads"][0])[:len(answer["core_keys"])] == answer["core_keys"]
+    assert "speculative" in idle["loads"][0] and "speculative" not in core[0]
+    assert (status_bad, json.loads(bad)) == (400, {"detail": invalid})
+    # The prometheus text of 0.5.23 for the same snapshot, but for the time it was taken.
+    untimed = [line for line in prom.decode().splitlines() if not line.startswith("sglang_timestamp")]
+    assert status == 200 and untimed == [line for line in real[3]["prometheus"].splitlines()
+                                         if not line.startswith("sglang_timestamp")], prom.decode()
+
+
 # Reads the events of a streamed chat answer on stdin ({"kind": role|content|finish|sglext|usage, "event": ...});
 # prints each as 0.5.23's serving_chat.py writes it for the same values (sse_utils.build_sse_content for the choice
 # chunks, ChatCompletionStreamResponse.model_dump_json for the sglext and usage chunks).
@@ -850,6 +920,7 @@ class Routed:
     log: Path
     engines: list[Proc]
     metrics_url: str  # the gateway's Prometheus port (--prometheus-port)
+    settle: int  # seconds smg keeps a drained worker before removing it (the plan's drain_settle_secs)
 
 
 def start_gateway(smg_python: Path, tmp: Path, workers: int) -> tuple[dict[str, Any], Path, Path,
@@ -870,7 +941,8 @@ def start_gateway(smg_python: Path, tmp: Path, workers: int) -> tuple[dict[str, 
     env = {k: v for k, v in os.environ.items() if k != "CREDENTIALS_DIRECTORY"}
     with log.open("wb") as fh:
         popen = subprocess.Popen([str(smg_python), str(GATEWAY_FILES / "smg-launch"), *section["args"]], stdout=fh,
-                                 stderr=subprocess.STDOUT, env={**env, "CREDENTIALS_DIRECTORY": str(credentials)})
+                                 stderr=subprocess.STDOUT, env={**env, **section["environment"],
+                                                                "CREDENTIALS_DIRECTORY": str(credentials)})
     return section, credentials, log, popen
 
 
@@ -889,7 +961,8 @@ def routed(venv_python: Path, smg_python: Path, planner_argv: list[str], gpu_pro
             assert popen.poll() is None, log.read_text()[-3000:]
             time.sleep(0.2)
         yield Routed(url, section["workers"], credentials, popen, log, engines,
-                     f"http://127.0.0.1:{section['settings']['prometheus_port']}/metrics")
+                     f"http://127.0.0.1:{section['settings']['prometheus_port']}/metrics",
+                     section["settings"]["drain_settle_secs"])
     finally:
         popen.terminate()
         popen.wait(timeout=30)
@@ -952,9 +1025,25 @@ def test_the_gateway_passes_the_speculative_figures_through(routed: Routed) -> N
 
 @pytest.mark.smg_parser
 def test_a_worker_is_drained_out_and_added_back_through_the_control_plane(routed: Routed) -> None:
+    """The drain returns once smg removed the worker (after the plan's 1 s settle, not smg's 5 s) and the engine has
+    finished what it was answering: a generation longer than the settle is not cut by the restart that follows."""
     first = routed.workers[0]
+    answered: list[tuple[int, Any]] = []
+    began = time.monotonic()
+    long = threading.Thread(target=lambda: answered.append((*call(first + "/generate", "", {
+        "text": "hi", "sampling_params": {"max_new_tokens": 12000}}), time.monotonic() - began)))
+    long.start()
+    while not json.loads(http(first + "/v1/loads?include=core")[1])["loads"][0]["num_running_reqs"]:
+        assert long.is_alive()
     rc, drained = ctl(routed.url, routed.credentials, "drain", "--worker", first)
-    assert rc == 0 and drained == {"state": "done", "changed": True, "detail": f"{first} drained and removed"}
+    finished = not long.is_alive()
+    long.join()
+    assert rc == 0 and drained == {"state": "done", "changed": True, "detail": f"{first} drained and removed; the "
+                                   "engine has no request running or waiting"}, drained
+    status, body, took = answered[0]
+    assert finished and status == 200 and body["meta_info"]["completion_tokens"] == 12000, answered
+    assert took > 2 * routed.settle, f"the generation took {took:.1f} s: not longer than the settle it must outlast"
+    assert f"Draining 1 worker(s) for {routed.settle}s before removal" in routed.log.read_text()
     rc, listed = ctl(routed.url, routed.credentials, "workers")
     assert [w["url"] for w in listed["workers"]] == [routed.workers[1]]
     rc, waiting = ctl(routed.url, routed.credentials, "ready", "--workers", *routed.workers)
@@ -989,12 +1078,13 @@ def test_adding_a_worker_the_gateway_is_still_creating_waits_for_it_and_changes_
         out = json.loads(adding.communicate(timeout=180)[0])
         assert adding.returncode == 0 and out == {"state": "done", "changed": False,
                                                   "detail": f"{worker} is ready behind {url}"}, out
-        assert ctl(url, credentials, "drain", "--worker", worker)[1]["changed"] is True
-        rc, keyless = ctl(url, credentials, "add", "--worker", worker, "--wait", "5")
-        assert rc == 1 and keyless["detail"] == f"add: still waiting at the deadline: {worker} is not listed yet"
-        assert ctl(url, credentials, "drain", "--worker", worker)[0] == 0  # the failed registration, if listed
         env_file = tmp_path / "engine.env"
         env_file.write_text(f"# the engine's secrets\nSGLANG_API_KEY={DATA_KEY}\n")
+        rc, keyless = ctl(url, credentials, "drain", "--worker", worker)  # out, but its queue cannot be read
+        assert rc == 1 and keyless["changed"] is True and "wants its API key (--env-file" in keyless["detail"]
+        rc, keyless = ctl(url, credentials, "add", "--worker", worker, "--wait", "5")
+        assert rc == 1 and keyless["detail"] == f"add: still waiting at the deadline: {worker} is not listed yet"
+        assert ctl(url, credentials, "drain", "--worker", worker, "--env-file", str(env_file))[0] == 0  # if listed
         rc, keyed = ctl(url, credentials, "add", "--worker", worker, "--env-file", str(env_file))
         assert rc == 0 and keyed == {"state": "done", "changed": True, "detail": f"{worker} is ready behind {url}"}
     finally:
@@ -1021,6 +1111,9 @@ def test_the_launcher_refuses_a_key_on_the_command_line_and_a_missing_control_pl
     assert given.returncode == 1 and "--api-key on the command line is refused (visible in ps)" in given.stderr
     missing = subprocess.run(launch, capture_output=True, text=True, env=env, check=False)
     assert missing.returncode == 1 and "no control-plane-key credential" in missing.stderr, missing.stderr
+    settle = subprocess.run(launch, capture_output=True, text=True, env={**env, "SMG_DRAIN_SETTLE_SECS": "1.5"},
+                            check=False)
+    assert settle.returncode == 1 and "SMG_DRAIN_SETTLE_SECS='1.5': expected a whole number" in settle.stderr
 
 
 # ---------------------------------------------------------------------------------------------

@@ -299,7 +299,7 @@ def serve(args: dict[str, Any], resolved: rules.Resolved, s: memory.Startup, set
         context_length=resolved.context_length, server_info=server_info(args, resolved, s),
         model_info=model_info(args, resolved),
         num_draft_tokens=resolved.num_draft_tokens if resolved.algorithm in rules.DRAFTER_ALGORITHMS else None,
-        tree_budget=resolved.tree_budget,
+        tree_budget=resolved.tree_budget, accelerator=setup.name,
         eos_token_id=rules.text_config(resolved.target_config).get("eos_token_id"),
         fail_generate=_flag(env, "SGLANG_STANDIN_FAIL_GENERATE"), log=log,
         api_key=args.get("api_key") or None, admin_api_key=args.get("admin_api_key") or None,

@@ -25,6 +25,7 @@ class GpuSetup:
     memory_total_mib: int
     memory_used_mib: int
     gpus: list[int]
+    name: str | None = None  # the GPU model's name (what torch.cuda.get_device_name says), when the profile has it
 
 
 def _profile(env: dict[str, str]) -> dict | None:
@@ -55,7 +56,8 @@ def gpu_setup(env: dict[str, str], needed: int) -> GpuSetup:
     else:
         total = int(model.get("memory_total_mib", DEFAULT_GPU_MIB))
     used = int(model.get("memory_reserved_mib", 0)) + int(model.get("memory_idle_used_mib", 0))
-    return GpuSetup(memory_total_mib=total, memory_used_mib=used, gpus=visible_gpus(env, profile, needed))
+    return GpuSetup(memory_total_mib=total, memory_used_mib=used, gpus=visible_gpus(env, profile, needed),
+                    name=model.get("name"))
 
 
 def _start_time(pid: int) -> str | None:

@@ -21,11 +21,13 @@ import re
 import socket
 import threading
 import time
+import urllib.parse
 import uuid
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+from sglang.standin import loads
 from sglang.standin.metrics import Metrics
 
 WORDS = ("the", "draft", "model", "proposes", "a", "block", "of", "tokens", "and", "target", "verifies",
@@ -64,6 +66,7 @@ class EngineState:
     metrics: Metrics | None = None  # with --enable-metrics: what /metrics reports
     lock: threading.Lock = field(default_factory=threading.Lock)
     tree_budget: int | None = None  # DDTREE (the variant build): tree nodes verified per step
+    accelerator: str | None = None  # /v1/loads' accelerator: the GPU model's name (None outside the lab)
 
     @property
     def step_time(self) -> float:
@@ -346,8 +349,29 @@ class Handler(BaseHTTPRequestHandler):
             with self.state.lock:
                 in_flight = self.state.in_flight
             self._send(200, self.state.metrics.exposition(in_flight).encode(), content_type=METRICS_CONTENT_TYPE)
+        elif path == "/v1/loads":
+            self._loads(urllib.parse.parse_qs(self.path.partition("?")[2]))
         else:
             self._json(404, {"detail": "Not Found"})
+
+    def _loads(self, query: dict[str, list[str]]) -> None:
+        info, metrics = self.state.server_info, self.state.metrics
+        scheduler = (info.get("internal_states") or [{}])[0]
+        with self.state.lock:
+            in_flight = self.state.in_flight
+        spec = None
+        if self.state.num_draft_tokens:
+            spec = (metrics.spec_accept_length, metrics.spec_accept_rate) if metrics is not None else (0.0, 0.0)
+        queue = loads.Queue(in_flight=in_flight, max_running_requests=int(scheduler.get("max_running_requests") or 0),
+                            max_total_num_tokens=int(scheduler.get("max_total_num_tokens") or 0),
+                            gen_throughput=metrics.gen_throughput if metrics is not None else 0.0, spec=spec)
+        status, body, content_type = loads.answer(query, queue, str(info.get("version", "")),
+                                                  int(info.get("tp_size") or 1) * int(info.get("pp_size") or 1),
+                                                  self.state.accelerator)
+        if isinstance(body, str):
+            self._send(status, body.encode(), content_type=content_type)
+        else:
+            self._json(status, body)
 
     def do_POST(self) -> None:  # http.server's naming
         path = self.path.split("?", 1)[0]
