@@ -1087,6 +1087,11 @@ def test_adding_a_worker_the_gateway_is_still_creating_waits_for_it_and_changes_
         assert ctl(url, credentials, "drain", "--worker", worker, "--env-file", str(env_file))[0] == 0  # if listed
         rc, keyed = ctl(url, credentials, "add", "--worker", worker, "--env-file", str(env_file))
         assert rc == 0 and keyed == {"state": "done", "changed": True, "detail": f"{worker} is ready behind {url}"}
+        stale = tmp_path / "changed.env"  # the file changed since the engine started: its key is not the engine's
+        stale.write_text("SGLANG_API_KEY=another-key\n")
+        rc, refused = ctl(url, credentials, "drain", "--worker", worker, "--env-file", str(stale))
+        assert rc == 1 and "refused the key of its environment file: the running engine holds another" in \
+            refused["detail"], refused
     finally:
         popen.terminate()
         popen.wait(timeout=30)
