@@ -412,11 +412,22 @@ def test_an_api_key_and_a_new_plan_roll_through_a_power_off_and_the_keys_stay_ou
     assert interrupted.index("Give the running gateway the endpoint's new API key first") < interrupted.index(
         "Take the replica out of the gateway (its requests finish first), sglang-qwen-r0.service"), interrupted[-3000:]
     fresh_lab.cli_ok("start", "ct200")
+    # The power-off is orderly (systemd stops the engine first): when the failed gate's rescue still reached the host,
+    # r0 went back to its last good unit; otherwise it boots on its new one. Either way it may still be starting when
+    # the next run reads the host.
+    r0_argv = fresh_lab.ssh("ct200", "systemctl", "cat", REPLICAS[0]).stdout.replace("\\\n", " ").split()
+    r0_on_new_unit = r0_argv[r0_argv.index("--mem-fraction-static") + 1] == "0.75"
     again = deploy(tmp_path, extravars=extravars)
     out = stdout(again)
     assert again.rc == 0, out[-5000:]
-    # r0 started on its new unit at boot (gated and recorded now); the three others take their turn.
-    assert " ".join(out.split()).count("drained, restarted and added back") == 3, out[-3000:]
+    flat = " ".join(out.split())
+    did = dict(re.findall(r"replica (\d): \S+ on GPUs [\d,]+ at \S+ ([a-z ,]+); gates ready", flat))
+    # The three others take their turn; r0 on its new unit is only gated (started first when it was down), on its old
+    # one it is rolled forward as they are.
+    assert [did.get(str(i)) for i in (1, 2, 3)] == ["drained, restarted and added back"] * 3, flat[-3000:]
+    expected = {"unchanged", "started"} if r0_on_new_unit else {"drained, restarted and added back", "started",
+                                                                 "restarted"}
+    assert did.get("0") in expected, (r0_on_new_unit, flat[-3000:])
     record = json.loads(fresh_lab.ssh("ct200", "cat", R0_RECORD).stdout)
     assert record["plan"]["mem_fraction_static"] == 0.75
     assert "--mem-fraction-static" in record["args"] and "0.75" in record["args"]
