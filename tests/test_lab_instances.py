@@ -74,6 +74,41 @@ def test_the_lab_inventory_reaches_the_machines_of_its_lab(instance: str) -> Non
         assert shown["msg"] == [address, state, f"{state}/ssh/id_ed25519"], proc.stdout
 
 
+def test_the_lab_inventory_takes_a_moved_state_folder_and_wheels_and_holds_plain_values(tmp_path: Path) -> None:
+    """LAB_STATE_DIR and LAB_WHEELS_DIR move the state and the wheelhouses; every variable is a plain value (no
+    template left for a task to render again), with the production groups and host names."""
+    env = {k: v for k, v in ansible_environment().items() if not k.startswith("LAB_")}
+    env.update(LAB_INSTANCE="1", LAB_STATE_DIR=str(tmp_path / "state"), LAB_WHEELS_DIR=str(tmp_path / "wheels"))
+    proc = subprocess.run([str(BIN / "ansible-inventory"), "-i", "inventory/lab", "--list"], cwd=ROOT, env=env,
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    listed = json.loads(proc.stdout)
+    assert listed["proxmox_containers"]["children"] == ["pro6000", "eval"]
+    assert (listed["pro6000"]["hosts"], listed["eval"]["hosts"], listed["proxmox_nodes"]["hosts"]) == \
+        (["ct200"], ["ct129"], ["pve1"])
+    ct200 = listed["_meta"]["hostvars"]["ct200"]
+    assert {key: ct200[key] for key in ("ansible_host", "proxmox_vmid", "proxmox_node", "lab_instance",
+                                        "lab_state_dir", "lab_wheels_dir", "ansible_ssh_private_key_file")} == {
+        "ansible_host": "127.1.200.1", "proxmox_vmid": 200, "proxmox_node": "pve1", "lab_instance": "1",
+        "lab_state_dir": str(tmp_path / "state"), "lab_wheels_dir": str(tmp_path / "wheels"),
+        "ansible_ssh_private_key_file": str(tmp_path / "state" / "ssh" / "id_ed25519")}
+    assert f"UserKnownHostsFile={tmp_path / 'state' / 'ssh' / 'known_hosts'}" in ct200["ansible_ssh_common_args"]
+    script = subprocess.run([str(ROOT / "inventory" / "lab" / "hosts.py"), "--list"], cwd=ROOT, env=env,
+                            capture_output=True, text=True, check=True)
+    own = json.loads(script.stdout)  # what the script sets (ansible-inventory adds the group_vars files)
+    values = [*own.pop("_meta")["hostvars"].values(), *(group.get("vars", {}) for group in own.values())]
+    assert values and not [key for found in values for key, value in found.items() if "{{" in str(value)], own
+
+
+def test_a_bad_lab_instance_stops_a_run_of_the_lab_inventory_saying_why() -> None:
+    env = {k: v for k, v in ansible_environment().items() if not k.startswith("LAB_")}
+    env.update(LAB_INSTANCE="x")
+    proc = subprocess.run([str(BIN / "ansible"), "-i", "inventory/lab", "all", "-c", "local", "-m",
+                           "ansible.builtin.ping"], cwd=ROOT, env=env, capture_output=True, text=True)
+    assert proc.returncode != 0 and "SUCCESS" not in proc.stdout, proc.stdout + proc.stderr
+    assert "inventory/lab: LAB_INSTANCE must be a number 0-9" in proc.stdout + proc.stderr, proc.stdout + proc.stderr
+
+
 @pytest.mark.parametrize("hybrid", [True, False])
 def test_each_machine_gets_a_cgroup_of_its_own_in_the_hierarchies_systemd_uses(tmp_path: Path, hybrid: bool) -> None:
     sys.path.insert(0, str(LAB))
