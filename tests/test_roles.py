@@ -79,7 +79,7 @@ def test_a_role_called_without_its_required_options_names_them(role: str, tmp_pa
     # From an empty folder, with an inventory of its own: no group_vars set the role's inputs.
     env = dict(os.environ, ANSIBLE_ROLES_PATH=str(ROOT / "roles"), ANSIBLE_FILTER_PLUGINS=str(ROOT / "filter_plugins"),
                ANSIBLE_LIBRARY=str(ROOT / "library"), ANSIBLE_MODULE_UTILS=str(ROOT / "module_utils"),
-               ANSIBLE_ACTION_PLUGINS=str(ROOT / "action_plugins"),
+               ANSIBLE_ACTION_PLUGINS=str(ROOT / "action_plugins"), ANSIBLE_LOOKUP_PLUGINS=str(ROOT / "lookup_plugins"),
                ANSIBLE_NOCOLOR="1", ANSIBLE_CONFIG=str(tmp_path / "ansible.cfg"))
     (tmp_path / "ansible.cfg").write_text("[defaults]\n")
     playbook = tmp_path / "call.yml"
