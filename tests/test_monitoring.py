@@ -4,7 +4,6 @@ real promtool) and the Grafana dashboard (tools/grafana_dashboard.py), which may
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -14,15 +13,13 @@ import pytest
 import yaml
 
 from dflash_infra import monitoring
-from helpers import ROOT
+from helpers import ROOT, debian_prometheus
 from test_gateway_plan import planned
 
 sys.path.insert(0, str(ROOT / "lab" / "engine"))
 sys.path.insert(0, str(ROOT / "tools"))
 import grafana_dashboard  # tools/ is no package
 from sglang.standin import metrics as standin_metrics  # the stand-in package, not an engine
-
-PROMTOOL_CACHE = ROOT / ".cache" / "promtool"
 
 
 def hosts() -> list[dict[str, Any]]:
@@ -78,20 +75,7 @@ def test_the_playbook_writes_the_file_from_the_library(tmp_path: Path) -> None:
 @pytest.fixture(scope="session")
 def promtool() -> Path:
     """Debian's promtool (package prometheus), fetched once into .cache/promtool and unpacked, never installed."""
-    binary = PROMTOOL_CACHE / "root" / "usr" / "bin" / "promtool"
-    if not binary.is_file():
-        shutil.rmtree(PROMTOOL_CACHE, ignore_errors=True)
-        PROMTOOL_CACHE.mkdir(parents=True)
-        got = subprocess.run(["apt-get", "download", "prometheus"], cwd=PROMTOOL_CACHE, capture_output=True,
-                             text=True, check=False)
-        if got.returncode != 0:  # a machine without package lists yet
-            subprocess.run(["apt-get", "update", "-qq"], capture_output=True, text=True, check=False)
-            got = subprocess.run(["apt-get", "download", "prometheus"], cwd=PROMTOOL_CACHE, capture_output=True,
-                                 text=True, check=False)
-        assert got.returncode == 0, f"apt-get download prometheus failed (run apt-get update?):\n{got.stderr}"
-        (deb,) = PROMTOOL_CACHE.glob("prometheus_*.deb")
-        subprocess.run(["dpkg-deb", "-x", str(deb), str(PROMTOOL_CACHE / "root")], check=True)
-    return binary
+    return debian_prometheus() / "usr" / "bin" / "promtool"
 
 
 @pytest.mark.promtool

@@ -4,12 +4,13 @@ through the gateway (dflash_serve_through_gateway): four engine stand-ins of tp 
 tools/load.py; bounded by users and a SIGTERM when the play ends, loopback only).
 
 Order is the operator's: the single-process deploy migrated by the first gateway deploy, the no-op re-run and a
-dry run of a changed plan, the benchmark, a losing canary (checked, then kept out), a winning one promoted under load
-(the rolling redeploy of a changed plan: every replica drained, restarted and put back one at a time, no request
-failed), a replica failing its gates mid-rollout under load, one crashing under its load gate, one replica SIGKILLed
-under load, a changed gateway setting with the promoted candidate's settings kept (its restart is the one outage),
-a candidate whose acceptance collapses under load failing on the canary. The user's way back to training
-(stop_serving.yml, resume) and the keys are tests/lab/test_deploy.py's, on the same topology.
+dry run of a changed plan, the benchmark, Debian's Prometheus scraping the gateway and the replicas, a losing canary
+(checked, then kept out), a winning one promoted under load (the rolling redeploy of a changed plan: every replica
+drained, restarted and put back one at a time, no request failed), a replica failing its gates mid-rollout under
+load, one crashing under its load gate, one replica SIGKILLed under load, a changed gateway setting with the promoted
+candidate's settings kept (its restart is the one outage), a candidate whose acceptance collapses under load failing
+on the canary. The user's way back to training (stop_serving.yml, resume) and the keys are
+tests/lab/test_deploy.py's, on the same topology.
 """
 
 from __future__ import annotations
@@ -17,9 +18,12 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import socket
 import subprocess
 import sys
 import time
+import urllib.parse
+import urllib.request
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -27,7 +31,7 @@ import pytest
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from helpers import ROOT, ansible_environment, tool
+from helpers import ROOT, ansible_environment, debian_prometheus, tool
 
 sys.path.insert(0, str(ROOT / "tools"))
 from load import Load
@@ -154,6 +158,71 @@ def test_the_benchmark_measures_the_endpoint_through_the_gateway_and_changes_not
                          r"req/s, acceptance length [0-9.]+ \(verify count \d+\), TTFT p50/p99 [0-9.]+/[0-9.]+ ms, "
                          r"ITL p50/p99 [0-9.]+/[0-9.]+ ms", out), out[-3000:]
     assert recap(result)["changed"] == 0 and routed.changeable_state() == before
+
+
+def prometheus_query(base: str, query: str) -> list[dict[str, Any]]:
+    """The vector a PromQL query returns from Prometheus's HTTP API (GET /api/v1/query)."""
+    with urllib.request.urlopen(f"{base}/api/v1/query?{urllib.parse.urlencode({'query': query})}", timeout=5) as r:
+        answer = json.load(r)
+    assert answer["status"] == "success", answer
+    return list(answer["data"]["result"])
+
+
+def gauge(exposition: str, name: str) -> float:
+    """A gauge's one sample in a Prometheus text exposition."""
+    (value,) = [line.rsplit(" ", 1)[1] for line in exposition.splitlines() if line.startswith(name + "{")]
+    return float(value)
+
+
+def test_prometheus_scrapes_the_gateway_and_every_replica_and_reads_their_acceptance_length(
+        routed: LabHandle, tmp_path: Path) -> None:
+    """Debian's prometheus (the package's own binary, unpacked, on 127.0.0.1) with the scrape configuration
+    playbooks/monitoring.yml writes for the lab inventory: the gateway and the four replicas are up, and each
+    replica's acceptance length read back through the query API is the one its /metrics shows (the benchmark above
+    left one on every replica; nothing runs on the endpoint meanwhile)."""
+    config = tmp_path / "dflash.yml"
+    made = play("playbooks/monitoring.yml", extra={"dflash_monitoring": {
+        "address": "{{ ansible_host }}", "scrape_interval": "1s", "scrape_config": str(config)}})
+    assert made.returncode == 0, made.stdout[-3000:]
+    address = routed.addresses["ct200"]
+    scrape = yaml.safe_load(config.read_text())
+    engine_targets = sorted(t for job in scrape["scrape_configs"] if job["job_name"] == "dflash-engine"
+                            for group in job["static_configs"] for t in group["targets"])
+    assert engine_targets == [f"{address}:{30001 + i}" for i in range(4)], scrape
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    base = f"http://127.0.0.1:{port}"
+    server = subprocess.Popen(
+        [str(debian_prometheus() / "usr" / "bin" / "prometheus"), f"--config.file={config}",
+         f"--storage.tsdb.path={tmp_path / 'tsdb'}", f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"],
+        stdout=(tmp_path / "prometheus.log").open("w"), stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 60
+        series: list[dict[str, Any]] = []
+        while time.monotonic() < deadline:
+            try:
+                up = prometheus_query(base, "up == 1")
+                series = prometheus_query(base, "sglang:spec_accept_length")
+            except OSError:
+                up, series = [], []
+            if len(up) == 5 and len(series) == 4:
+                break
+            time.sleep(0.5)
+        assert sorted((s["metric"]["job"], s["metric"]["instance"]) for s in up) == sorted(
+            [("dflash-gateway", f"{address}:29000")] + [("dflash-engine", t) for t in engine_targets]), \
+            (tmp_path / "prometheus.log").read_text()[-2000:]
+        by_replica = {s["metric"]["replica"]: float(s["value"][1]) for s in series}
+        assert sorted(by_replica) == ["0", "1", "2", "3"]
+        assert all(s["metric"]["dflash_host"] == "ct200" for s in series)
+        for replica, value in by_replica.items():
+            with urllib.request.urlopen(f"http://{address}:{30001 + int(replica)}/metrics", timeout=5) as r:
+                direct = gauge(r.read().decode(), "sglang:spec_accept_length")
+            assert value == pytest.approx(direct) and value > 1.0, (replica, value, direct)
+        assert prometheus_query(base, 'sum(smg_cache_aware_policy_branch_total{job="dflash-gateway"})')
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
 
 
 # The canary (playbooks/canary.yml): candidates of the stand-in's step time, twice as slow and twice as fast as the
