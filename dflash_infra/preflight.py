@@ -152,8 +152,11 @@ def serving_problems(host: str, state: Mapping[str, Any], tp: int, port: int, un
     return problems
 
 
-def endpoint_problems(host: str, listen: str, port: int, api_key_set: bool, allow_anonymous: bool) -> list[str]:
-    """An endpoint beyond loopback must ask its callers for an API key, unless serving anonymously was chosen."""
+def endpoint_problems(host: str, listen: str, port: int, api_key_set: bool, allow_anonymous: bool,
+                      setting: str = "dflash_service_listen") -> list[str]:
+    """An endpoint beyond loopback must ask its callers for an API key, unless serving anonymously was chosen.
+    `setting`: the inventory variable that chose `listen` (the replicas of a host another host's gateway fronts
+    listen on dflash_worker_listen)."""
     try:
         loopback = ipaddress.ip_address(str(listen)).is_loopback
     except ValueError:
@@ -163,4 +166,4 @@ def endpoint_problems(host: str, listen: str, port: int, api_key_set: bool, allo
     return [f"{host}: the endpoint would listen on {listen}:{port}, beyond loopback, with no API key: anyone who can "
             f"reach {host} could use the model and its admin API. Put a key in ansible-vault as "
             "vault_dflash_service_api_key (docs/serving.md, \"API keys\"), listen on loopback only "
-            "(dflash_service_listen), or set dflash_service_allow_anonymous: true to serve without a key on purpose."]
+            f"({setting}), or set dflash_service_allow_anonymous: true to serve without a key on purpose."]

@@ -76,7 +76,8 @@ def present_units(state: Mapping[str, Any], names: Sequence[str]) -> list[str]:
 
 
 def rollout(state: Mapping[str, Any], wanted: Sequence[Mapping[str, Any]], legacy: Sequence[Mapping[str, str]],
-            all_slots: Sequence[Mapping[str, Any]], slot_urls: Sequence[str] = ()) -> dict[str, Any]:
+            all_slots: Sequence[Mapping[str, Any]], slot_urls: Sequence[str] = (),
+            shared: bool = False) -> dict[str, Any]:
     """What a gateway deploy does to the engine units of one host, in order (see the module's docstring).
 
     wanted: per planned replica, in index order: `index`, `name` (its unit) and `url` (where the gateway reaches
@@ -85,6 +86,8 @@ def rollout(state: Mapping[str, Any], wanted: Sequence[Mapping[str, Any]], legac
     legacy: units of the single-process topology, each `name` and `unit` (its file's path).
     all_slots: every replica slot (`slots`): those beyond `wanted` are retired when they run or start at boot.
     slot_urls: where the gateway reaches each slot (`state_inputs`' urls), to take a retired one out of it.
+    shared: other hosts' replicas serve behind the same gateway (a serving group of several hosts), so one replica
+    of this host restarting is no outage.
     """
     indexes = [int(w["index"]) for w in wanted]
     if indexes != list(range(len(wanted))):
@@ -114,7 +117,7 @@ def rollout(state: Mapping[str, Any], wanted: Sequence[Mapping[str, Any]], legac
         outage = ""
     # One replica that restarts leaves nothing serving: said as its turn comes (only the role knows it changed).
     single = (f"{replicas[0]['name']} is the only replica: the endpoint is down while it restarts "
-              "(an outage that one replica cannot avoid)") if len(replicas) == 1 and not outage else ""
+              "(an outage that one replica cannot avoid)") if len(replicas) == 1 and not outage and not shared else ""
     return {"replicas": replicas, "order": order, "migrate": migrate, "retire": retire, "outage": outage,
             "single_outage": single}
 
@@ -138,7 +141,8 @@ def summary_lines(plan: Mapping[str, Any]) -> list[str]:
 def state_inputs(all_slots: Sequence[Mapping[str, Any]], settings: Mapping[str, Any] | None) -> dict[str, Any]:
     """What host_state reads of every replica slot before the plan exists: each unit file, state folder (record)
     and snapshots folder, the units, each slot's port and /health where the gateway reaches it, and the
-    gateway's metrics port (settings: the request's gateway section, planner defaults under it)."""
+    gateway's metrics port (settings: the request's gateway section, planner defaults under it). `urls` are where
+    the gateway reaches each slot, `health` where the host itself does."""
     merged = {**gateway.DEFAULTS, **(settings or {})}
     routed = gateway.Gateway(merged, "", 0)
     files: list[dict[str, Any]] = []
@@ -148,7 +152,38 @@ def state_inputs(all_slots: Sequence[Mapping[str, Any]], settings: Mapping[str, 
     urls = [routed.worker_url(int(s["index"])) for s in all_slots]
     return {"files": files, "units": [s["name"] for s in all_slots], "urls": urls,
             "ports": [routed.worker_port(int(s["index"])) for s in all_slots] + [int(merged["prometheus_port"])],
-            "health": [{"url": url + "/health", "timeout": 3} for url in urls]}
+            "health": [{"url": routed.local_url(int(s["index"])) + "/health", "timeout": 3} for s in all_slots]}
+
+
+def gateway_topology(host: str, gateway_host: str, fronted_by: Mapping[str, str], play_hosts: Sequence[str],
+                     through_gateway: bool) -> list[str]:
+    """What stops a deploy of `host` in a serving group of several hosts, before anything changes.
+
+    fronted_by: every container of the inventory -> the host whose gateway fronts its replicas (its
+    dflash_gateway_host; itself for a host with its own gateway). A host fronted by another host's gateway is drained
+    there as its replicas roll, so that gateway's host is in the run; a gateway host's workers include every host it
+    fronts, so they are all in the run (a gateway restarted without them would stop serving them)."""
+    if not through_gateway:
+        return [] if gateway_host == host else [
+            f"{host}: dflash_gateway_host is {gateway_host}, but {host} serves without the gateway "
+            "(dflash_serve_through_gateway: false); set both or neither"]
+    if gateway_host not in fronted_by:
+        return [f"{host}: dflash_gateway_host {gateway_host!r} is not a container of the inventory "
+                f"(expected one of {', '.join(sorted(fronted_by))})"]
+    if gateway_host != host:
+        if fronted_by[gateway_host] != gateway_host:
+            return [f"{host}: dflash_gateway_host is {gateway_host}, whose own replicas are fronted by "
+                    f"{fronted_by[gateway_host]}: a gateway host runs its own gateway; point {host} at "
+                    f"{fronted_by[gateway_host]}"]
+        if gateway_host not in play_hosts:
+            return [f"{host}: its replicas are served by {gateway_host}'s gateway, which is not in this run; run with "
+                    f"-l {gateway_host},{host} (or their groups), so each replica is drained there as it rolls"]
+        return []
+    missing = sorted(h for h, g in fronted_by.items() if g == host and h != host and h not in play_hosts)
+    if missing:
+        return [f"{host}: its gateway also fronts the replicas of {', '.join(missing)}, not in this run; run with "
+                f"-l {','.join([host, *missing])} (or their groups), so the gateway's workers are all known"]
+    return []
 
 
 def replica_plan(plan: Mapping[str, Any], index: int) -> dict[str, Any]:
@@ -197,8 +232,9 @@ def wanted(plan: Mapping[str, Any], service_name: str) -> list[dict[str, Any]]:
             for r in plan.get("replicas") or []]
 
 
-__all__ = ["MAX_REPLICAS", "RolloutError", "converged_notes", "present_units", "replica_paths", "replica_plan",
-           "replica_unit", "rollback_turns", "rollout", "slots", "state_inputs", "summary_lines", "turns", "wanted"]
+__all__ = ["MAX_REPLICAS", "RolloutError", "converged_notes", "gateway_topology", "present_units", "replica_paths",
+           "replica_plan", "replica_unit", "rollback_turns", "rollout", "slots", "state_inputs", "summary_lines",
+           "turns", "wanted"]
 
 
 def rollback_turns(state: Mapping[str, Any], all_slots: Sequence[Mapping[str, Any]], slot_urls: Sequence[str],

@@ -53,6 +53,8 @@ class FilterModule:
             "dflash_gateway_record": serving.gateway_record,
             "dflash_gateway_key_first": serving.gateway_key_first,
             "dflash_gateway_section": gateway.checked_section,
+            "dflash_gateway_with_workers": gateway.with_workers,
+            "dflash_gateway_topology": rollout.gateway_topology,
             "dflash_replica_slots": rollout.slots,
             "dflash_replica_state_inputs": rollout.state_inputs,
             "dflash_replica_plan": rollout.replica_plan,

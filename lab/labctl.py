@@ -229,6 +229,8 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         p.add_argument("names", nargs="+", metavar="NAME")
     reset = sub.add_parser("reset", help="rebuild machines from the cached rootfs (initial state)")
     reset.add_argument("names", nargs="+", metavar="NAME")
+    remove = sub.add_parser("remove", help="stop and remove on-demand machines (e.g. ct201), as if never built")
+    remove.add_argument("names", nargs="+", metavar="NAME")
     shell = sub.add_parser("shell", help="a root shell inside a running machine")
     shell.add_argument("name")
     return parser.parse_args(argv)
@@ -250,6 +252,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return lab.stop(args.names)
         if args.command == "reset":
             return lab.reset(args.names)
+        if args.command == "remove":
+            return lab.remove(args.names)
         if args.command == "shell":
             return lab.shell(args.name)
     except LabError as exc:

@@ -11,6 +11,7 @@ import pytest
 import yaml
 
 from dflash_infra.planner import plan_dict, plan_table
+from dflash_infra.planning import gateway
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 
@@ -53,6 +54,44 @@ def test_behind_a_gateway_each_tp_group_is_its_own_engine_on_loopback() -> None:
     table = plan_table(plan)
     assert "replica 3: GPUs 6,7 at http://127.0.0.1:30004" in table
     assert "gateway argv: smg launch --host 0.0.0.0 --port 30000 --worker-urls http://127.0.0.1:30001 " in table
+
+
+def test_replicas_another_hosts_gateway_fronts_listen_where_it_reaches_them() -> None:
+    plan = planned(gateway={"remote": True, "worker_host": "0.0.0.0", "worker_address": "ct201.internal"})
+    assert plan["errors"] == []
+    replicas = plan["replicas"]
+    assert [(r["host"], r["url"], r["local_url"]) for r in replicas[:2]] == [
+        ("0.0.0.0", "http://ct201.internal:30001", "http://127.0.0.1:30001"),
+        ("0.0.0.0", "http://ct201.internal:30002", "http://127.0.0.1:30002")]
+    assert replicas[0]["args"][replicas[0]["args"].index("--host") + 1] == "0.0.0.0"
+    assert plan["gateway"]["workers"] == [r["url"] for r in replicas]
+    # The lab's shape: the container's own address, which is also what the gateway reaches.
+    lab = planned(gateway={"remote": True, "worker_host": "127.0.201.1", "worker_address": "127.0.201.1"})
+    assert lab["errors"] == [] and lab["replicas"][0]["url"] == lab["replicas"][0]["local_url"] == \
+        "http://127.0.201.1:30001"
+
+
+@pytest.mark.parametrize(("settings", "error"), [
+    ({"worker_host": "0.0.0.0"}, "gateway.worker_host: 0.0.0.0 is not a loopback address"),
+    ({"worker_address": "ct201.internal"}, "gateway.worker_address: 'ct201.internal' is only for replicas"),
+    ({"remote": True, "worker_host": "0.0.0.0"}, "gateway.worker_address: the replicas of a remote gateway need"),
+    ({"remote": True, "worker_host": "0.0.0.0", "worker_address": "http://ct201:1"}, "gateway.worker_address: the"),
+    ({"remote": "yes"}, "gateway.remote: expected true or false, found 'yes'"),
+])
+def test_replicas_beyond_loopback_are_only_those_of_a_remote_gateway(settings: dict[str, Any], error: str) -> None:
+    plan = planned(gateway=settings)
+    assert any(e.startswith(error) for e in plan["errors"]), plan["errors"]
+
+
+def test_a_gateway_fronts_other_hosts_replicas_after_its_own() -> None:
+    section = planned(gateway={})["gateway"]
+    more = gateway.with_workers(section, ["http://ct201.internal:30001", section["workers"][0]])
+    assert more["workers"] == [*section["workers"], "http://ct201.internal:30001"]
+    at = more["args"].index("--worker-urls") + 1
+    assert more["args"][at:at + 5] == more["workers"] and more["args"][at + 5] == "--policy"
+    assert {k: v for k, v in more.items() if k not in ("args", "workers")} == \
+        {k: v for k, v in section.items() if k not in ("args", "workers")}
+    assert gateway.with_workers(section, []) == section and gateway.with_workers({}, ["http://x:1"]) == {}
 
 
 def test_the_eval_host_is_one_replica_behind_its_gateway() -> None:

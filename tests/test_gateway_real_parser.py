@@ -90,3 +90,19 @@ def test_every_replicas_engine_argv_is_one_tp_group_on_its_own_port_for_the_real
         assert (ns["host"], ns["port"], ns["tp_size"]) == ("127.0.0.1", replica["port"], 2) and "dp_size" not in ns
     assert [r["cuda_visible_devices"] for r in plan["replicas"]] == ["0,1", "2,3", "4,5", "6,7"]
     assert [r["port"] for r in plan["replicas"]] == [31000, 31001, 31002, 31003]
+
+
+def test_a_gateway_fronting_another_hosts_replicas_is_taken_by_smg_and_those_replicas_by_sglang(
+        smg_python: Path) -> None:
+    """Two hosts, one endpoint: ct200's gateway with ct201's replicas after its own (with_workers), and ct201's
+    replicas planned remote (every interface, reached by the inventory's name)."""
+    remote = gateway_plan(remote=True, worker_host="0.0.0.0", worker_address="ct201.internal")
+    urls = [r["url"] for r in remote["replicas"]]
+    section = gateway.with_workers(gateway_plan()["gateway"], urls)
+    [result] = parse(smg_python, [section["args"]])["results"]
+    assert result["ok"], result
+    assert result["args"]["worker_urls"] == section["workers"] == [
+        *(f"http://127.0.0.1:{30001 + i}" for i in range(4)), *(f"http://ct201.internal:{30001 + i}" for i in range(4))]
+    assert result["args"]["policy"] == "cache_aware"
+    for checked in check_argvs("0.5.23", [r["args"] for r in remote["replicas"]]):
+        assert checked["ok"] and checked["namespace"]["host"] == "0.0.0.0", checked

@@ -75,6 +75,8 @@ def test_a_single_replica_says_its_outage() -> None:
     assert plan["single_outage"] == ("sglang-qwen-r0.service is the only replica: the endpoint is down while it "
                                      "restarts (an outage that one replica cannot avoid)")
     assert rollout.rollout(host(2), wanted(2), LEGACY, SLOTS)["single_outage"] == ""
+    # Behind a gateway that also fronts another host's replicas, one replica restarting is no outage.
+    assert rollout.rollout(host(1), wanted(1), LEGACY, SLOTS, shared=True)["single_outage"] == ""
 
 
 def test_the_single_process_unit_is_migrated_first_and_its_outage_said() -> None:
@@ -113,6 +115,36 @@ def test_host_state_reads_every_slot_where_the_gateway_reaches_it() -> None:
     assert inputs["health"][7] == {"url": "http://127.0.200.1:31007/health", "timeout": 3}
     assert {"path": f"{STATE}/sglang-qwen-r5", "children": True} in inputs["files"]
     assert {"path": SLOTS[5]["unit"]} in inputs["files"] and len(inputs["files"]) == 24
+
+
+def test_a_host_another_gateway_fronts_reads_its_replicas_itself_and_is_drained_by_their_remote_url() -> None:
+    inputs = rollout.state_inputs(SLOTS, {"remote": True, "worker_host": "0.0.0.0", "worker_address": "ct201.internal"})
+    assert inputs["urls"][1] == "http://ct201.internal:30002"  # the gateway's name for it: drained and retired by it
+    assert inputs["health"][1] == {"url": "http://127.0.0.1:30002/health", "timeout": 3}  # read on the host itself
+
+
+FRONTED = {"ct200": "ct200", "ct201": "ct200", "ct129": "ct129"}
+
+
+@pytest.mark.parametrize(("host", "gateway_host", "play", "through", "problem"), [
+    ("ct200", "ct200", ["ct200", "ct201"], True, ""),
+    ("ct201", "ct200", ["ct200", "ct201"], True, ""),
+    ("ct129", "ct129", ["ct129"], True, ""),
+    ("ct129", "ct129", ["ct129"], False, ""),
+    ("ct200", "ct200", ["ct200"], True,
+     "ct200: its gateway also fronts the replicas of ct201, not in this run; run with -l ct200,ct201"),
+    ("ct201", "ct200", ["ct201"], True,
+     "ct201: its replicas are served by ct200's gateway, which is not in this run; run with -l ct200,ct201"),
+    ("ct201", "ct300", ["ct201"], True, "ct201: dflash_gateway_host 'ct300' is not a container of the inventory"),
+    ("ct129", "ct201", ["ct129", "ct201"], True,
+     "ct129: dflash_gateway_host is ct201, whose own replicas are fronted by ct200"),
+    ("ct201", "ct200", ["ct200", "ct201"], False,
+     "ct201: dflash_gateway_host is ct200, but ct201 serves without the gateway"),
+])
+def test_a_serving_group_of_several_hosts_is_deployed_together(host: str, gateway_host: str, play: list[str],
+                                                               through: bool, problem: str) -> None:
+    found = rollout.gateway_topology(host, gateway_host, FRONTED, play, through)
+    assert (found[0] if found else "").startswith(problem) and len(found) <= 1, found
 
 
 def test_a_replica_runs_from_the_plan_with_its_own_argv_gpus_and_address() -> None:

@@ -10,6 +10,7 @@ own parser. API keys never enter an argv here: the gateway's launcher adds them 
 from __future__ import annotations
 
 import ipaddress
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -34,6 +35,11 @@ DEFAULTS: dict[str, Any] = {
     # How long smg keeps a worker taken out of it before removing it (not a flag: smg-launch gives it to the router
     # from the unit's SMG_DRAIN_SETTLE_SECS). smg-ctl's drain waits on the engine's queue after, so 1 s suffices.
     "drain_settle_secs": 1,
+    # true on a host whose replicas a gateway on ANOTHER host fronts (the inventory's dflash_gateway_host): they
+    # listen on worker_host (any address; 0.0.0.0 for every interface) and that gateway reaches them at
+    # worker_address (the inventory's name of this host). Their /health and /metrics answer without a key there.
+    "remote": False,
+    "worker_address": "",  # the host part of the replicas' URLs for the gateway; empty: worker_host
 }
 # Setting -> smg flag, in the order the argv lists them (after --host, --port, --worker-urls).
 FLAGS = (("policy", "--policy"), ("retry_max_retries", "--retry-max-retries"),
@@ -61,8 +67,18 @@ class Gateway:
         return int(self.settings["worker_base_port"]) + index
 
     def worker_url(self, index: int) -> str:
+        """Where the gateway reaches replica `index`."""
+        return _url(str(self.settings["worker_address"] or self.settings["worker_host"]), self.worker_port(index))
+
+    def local_url(self, index: int) -> str:
+        """Where the replica's own host reaches it (loopback for a wildcard listen address)."""
         host = str(self.settings["worker_host"])
-        return f"http://{f'[{host}]' if ':' in host else host}:{self.worker_port(index)}"
+        wildcard = _address(host)
+        return _url("127.0.0.1" if wildcard is not None and wildcard.is_unspecified else host, self.worker_port(index))
+
+
+def _url(host: str, port: int) -> str:
+    return f"http://{f'[{host}]' if ':' in host else host}:{port}"
 
 
 def _address(value: Any) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
@@ -101,9 +117,20 @@ def validate(raw: Any, serve: Mapping[str, Any], errors: list[str]) -> Gateway |
         errors.append(f"serve: the gateway's endpoint needs an IP address and a port, found host {host!r}, "
                       f"port {port!r}")
     worker = _address(settings["worker_host"])
-    if worker is not None and not worker.is_loopback:
-        errors.append(f"gateway.worker_host: {settings['worker_host']} is not a loopback address; the replicas "
-                      "listen only where the gateway on the same host reaches them (127.0.0.1)")
+    if not isinstance(settings["remote"], bool):
+        errors.append(f"gateway.remote: expected true or false, found {settings['remote']!r}")
+    elif settings["remote"]:
+        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9.-]*|[0-9a-fA-F:]*:[0-9a-fA-F:.]*", str(settings["worker_address"])):
+            errors.append(f"gateway.worker_address: the replicas of a remote gateway need the name or address it "
+                          f"reaches this host by (the inventory's), found {settings['worker_address']!r}")
+    else:
+        if worker is not None and not worker.is_loopback:
+            errors.append(f"gateway.worker_host: {settings['worker_host']} is not a loopback address; the replicas "
+                          "listen only where the gateway on the same host reaches them (127.0.0.1); replicas "
+                          "fronted by another host's gateway are `remote` (dflash_gateway_host)")
+        if settings["worker_address"] not in ("", settings["worker_host"]):
+            errors.append(f"gateway.worker_address: {settings['worker_address']!r} is only for replicas a gateway on "
+                          "another host fronts (remote: true)")
     if not str(settings["health_check_endpoint"]).startswith("/"):
         errors.append(f"gateway.health_check_endpoint: expected a path, found {settings['health_check_endpoint']!r}")
     if len(errors) > before or not isinstance(port, int):
@@ -137,6 +164,18 @@ def argv(gateway: Gateway, replicas: int) -> list[str]:
     return out
 
 
+def with_workers(section: Mapping[str, Any], urls: list[str]) -> dict[str, Any]:
+    """The gateway `section` fronting other hosts' replicas too (`urls`, after its own): its workers and smg's
+    `--worker-urls` in its argv. The same section without them when `urls` is empty."""
+    own = list(section.get("workers") or [])
+    extra = [str(u) for u in urls if str(u) not in own]
+    if not extra or not section:
+        return dict(section)
+    args = list(section["args"])
+    at = args.index("--worker-urls") + 1 + len(own)
+    return {**section, "args": args[:at] + extra + args[at:], "workers": own + extra}
+
+
 def section(gateway: Gateway, replicas: int) -> dict[str, Any]:
     """The plan's `gateway` section: the endpoint, smg's argv, the workers it fronts and the checked settings."""
     return {"host": gateway.host, "port": gateway.port, "args": argv(gateway, replicas),
@@ -163,4 +202,4 @@ def replica(index: int, gpu_ids: list[int], gateway: Gateway, args: list[str]) -
     """One replica: its GPUs (as the host numbers them), port, URL and engine argv."""
     return {"index": index, "gpu_ids": list(gpu_ids), "cuda_visible_devices": ",".join(str(g) for g in gpu_ids),
             "host": str(gateway.settings["worker_host"]), "port": gateway.worker_port(index),
-            "url": gateway.worker_url(index), "args": list(args)}
+            "url": gateway.worker_url(index), "local_url": gateway.local_url(index), "args": list(args)}

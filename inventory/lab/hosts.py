@@ -51,7 +51,7 @@ def inventory() -> dict[str, object]:
     }
     hostvars: dict[str, dict[str, object]] = {node.name: {"ansible_host": node.address}}
     for machine in machines:
-        if machine.is_node:
+        if machine.is_node or (machine.on_demand and not paths.created_stamp(machine.name).exists()):
             continue
         groups["proxmox_containers"]["children"].append(machine.group)  # type: ignore[union-attr]
         groups[machine.group] = {"hosts": [machine.name]}

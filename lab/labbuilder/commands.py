@@ -68,7 +68,11 @@ class Lab:
         unknown = [n for n in names if n not in known]
         if unknown:
             raise LabError(f"Unknown machine {', '.join(unknown)}; the lab has {', '.join(known)}.")
-        return [known[n] for n in names] if names else list(CONTAINERS)
+        return [known[n] for n in names] if names else [c for c in CONTAINERS if self.wanted(c)]
+
+    def wanted(self, c: Container) -> bool:
+        """Part of the lab without being named: every machine but an on-demand one that was never built."""
+        return not c.on_demand or self.paths.created_stamp(c.name).exists()
 
     def up(self, names: Sequence[str] = ()) -> int:
         refuse_on_proxmox()
@@ -152,6 +156,13 @@ class Lab:
                 self.clock.say(f"{c.name}: already stopped")
         return 0
 
+    def discard(self, c: Container) -> None:
+        """Stop a machine and remove its disk (the caller holds the lab lock)."""
+        stop_machine(self.paths, c, self.settings, self.clock, discard=True)
+        self.paths.created_stamp(c.name).unlink(missing_ok=True)
+        unmount_all_under(self.paths.machine(c.name), self.clock)
+        remove_tree(self.paths.machine(c.name))
+
     def reset(self, names: Sequence[str]) -> int:
         """Rebuild containers from the cached rootfs (initial state, kit included), leaving the others alone."""
         refuse_on_proxmox()
@@ -159,14 +170,31 @@ class Lab:
         containers = self.select(names)
         with self.lock():
             for c in containers:
-                stop_machine(self.paths, c, self.settings, self.clock, discard=True)
-                self.paths.created_stamp(c.name).unlink(missing_ok=True)
-                unmount_all_under(self.paths.machine(c.name), self.clock)
-                remove_tree(self.paths.machine(c.name))
+                self.discard(c)
                 if c.is_node:  # the node's /etc/pve is part of its initial state
                     remove_tree(self.paths.etc_pve)
                 self.clock.say(f"{c.name}: removed; rebuilding from {self.paths.base}")
         return self.up([c.name for c in containers])
+
+    def remove(self, names: Sequence[str]) -> int:
+        """Stop and remove on-demand machines (their disk, host keys and Proxmox config), leaving the lab as `lab up`
+        builds it; the other machines are refused (`lab reset` rebuilds them)."""
+        refuse_on_proxmox()
+        require_root()
+        containers = self.select(names)
+        fixed = [c.name for c in containers if not c.on_demand]
+        if fixed:
+            raise LabError(f"{', '.join(fixed)} belong to every lab; only on-demand machines are removed "
+                           f"({', '.join(c.name for c in CONTAINERS if c.on_demand)}); `lab reset` rebuilds the others")
+        with self.lock():
+            for c in containers:
+                self.discard(c)
+                if c.vmid is not None:
+                    for conf in self.paths.etc_pve.glob(f"nodes/*/lxc/{c.vmid}.conf"):
+                        conf.unlink()
+                self.clock.say(f"{c.name}: removed")
+            write_known_hosts(self.paths)
+        return 0
 
     def down(self, purge: bool = False) -> int:
         refuse_on_proxmox()
@@ -224,7 +252,7 @@ class Lab:
         return rows
 
     def status(self, as_json: bool = False) -> int:
-        rows = [self.status_of(c) for c in CONTAINERS]
+        rows = [self.status_of(c) for c in CONTAINERS if self.wanted(c)]
         daemons = self.daemon_status()
         if as_json:
             print(json.dumps({"state_dir": str(self.paths.state),

@@ -26,6 +26,8 @@ class Container:
 
     role "container" rehearses a Proxmox LXC container (Proxmox id `vmid`, GPU kit installed);
     role "node" is the Proxmox node stand-in that reaches the containers with `pct exec`.
+    on_demand: built and booted only when named (`lab up ct201`); `lab up` alone leaves it out until it exists,
+    and the lab inventory lists it only then.
     """
 
     name: str
@@ -33,6 +35,7 @@ class Container:
     address: str
     role: str = "container"
     vmid: int | None = None
+    on_demand: bool = False
 
     @property
     def is_node(self) -> bool:
@@ -58,6 +61,8 @@ def machine_table(instance: int) -> tuple[Container, ...]:
         Container(name="ct200", group="pro6000", address=f"127.{instance}.200.1", vmid=200),
         Container(name="ct129", group="eval", address=f"127.{instance}.129.1", vmid=129),
         Container(name="pve1", group="proxmox_nodes", address=f"127.{instance}.10.1", role="node"),
+        # A second PRO 6000 box whose replicas ct200's gateway fronts (a serving group of two hosts).
+        Container(name="ct201", group="pro6000_pair", address=f"127.{instance}.201.1", vmid=201, on_demand=True),
     )
 
 

@@ -113,7 +113,7 @@ def write_node_configs(paths: Paths, clock: Clock) -> bool:
     written = False
     for c in guests():
         conf = lxc / f"{c.vmid}.conf"
-        if conf.exists():
+        if conf.exists() or (c.on_demand and not paths.created_stamp(c.name).exists()):
             continue
         gpus = guest_gpu_count(paths, c)
         if gpus is None:

@@ -1087,6 +1087,12 @@ def test_adding_a_worker_the_gateway_is_still_creating_waits_for_it_and_changes_
         assert ctl(url, credentials, "drain", "--worker", worker, "--env-file", str(env_file))[0] == 0  # if listed
         rc, keyed = ctl(url, credentials, "add", "--worker", worker, "--env-file", str(env_file))
         assert rc == 0 and keyed == {"state": "done", "changed": True, "detail": f"{worker} is ready behind {url}"}
+        # A worker on another host: drained and added back with the endpoint's key from the gateway's credentials.
+        key_file = tmp_path / "api-key"
+        key_file.write_text(f"{DATA_KEY}\n")
+        assert ctl(url, credentials, "--key-file", str(key_file), "drain", "--worker", worker)[0] == 0
+        rc, by_key_file = ctl(url, credentials, "--key-file", str(key_file), "add", "--worker", worker)
+        assert rc == 0 and by_key_file["changed"] is True, by_key_file
         stale = tmp_path / "changed.env"  # the file changed since the engine started: its key is not the engine's
         stale.write_text("SGLANG_API_KEY=another-key\n")
         rc, refused = ctl(url, credentials, "drain", "--worker", worker, "--env-file", str(stale))

@@ -466,3 +466,89 @@ def test_replicas_roll_back_on_demand_one_at_a_time_under_load_to_their_previous
     assert again.returncode != 0 and ("sglang-qwen-r7.service: expected a deployment record naming a previous "
                                       "deployment to go back to, found no deployment record") in " ".join(
         again.stdout.split()), again.stdout[-3000:]
+
+
+def group_play(limit: str, *args: str, extra: dict[str, Any] | None = None) -> subprocess.CompletedProcess[str]:
+    """deploy_dflash.yml on the hosts of `limit` (a serving group of several hosts is deployed together)."""
+    argv = [tool("ansible-playbook"), "-i", "inventory/lab", "-l", limit, "deploy_dflash.yml", *args]
+    if extra is not None:
+        argv += ["-e", json.dumps(extra)]
+    return subprocess.run(argv, cwd=ROOT, env=ansible_environment(), capture_output=True, text=True)
+
+
+def host_recap(result: subprocess.CompletedProcess[str], host: str) -> dict[str, int]:
+    match = re.search(rf"^{host}\s+:\s+(.*)$", result.stdout, re.MULTILINE)
+    assert match, f"no PLAY RECAP line for {host}:\n{result.stdout[-3000:]}"
+    return {k: int(v) for k, v in re.findall(r"(\w+)=(\d+)", match.group(1))}
+
+
+def requests_served(url: str) -> float:
+    """How many requests an engine finished since it started (its sglang:num_requests_total)."""
+    with urllib.request.urlopen(f"{url}/metrics", timeout=5) as r:
+        return sum(float(line.rsplit(" ", 1)[1]) for line in r.read().decode().splitlines()
+                   if line.startswith("sglang:num_requests_total"))
+
+
+def test_a_second_host_serves_the_same_endpoint_behind_ct200s_gateway_and_rolls_under_load(
+        routed: LabHandle, tmp_path: Path) -> None:
+    """Adding a host is an inventory change: ct201 (the lab's on-demand second PRO 6000 box, group pro6000_pair,
+    whose group_vars name ct200 as its dflash_gateway_host) is built, and one deploy of both serves one endpoint from
+    replicas on two containers: ct201's replica listens on its own address, ct200's gateway fronts it after its own
+    four (restarted once, for its new worker list). Either host alone is refused before anything changes. A change
+    of ct201's plan rolls its replica under load through ct200's gateway (drained there with the endpoint's key
+    file, restarted, gated, added back): no request fails, ct200 is untouched."""
+    ct200, ct201 = routed.addresses["ct200"], routed.addresses["ct201"]
+    routed.cli_ok("up", "ct201")
+    try:
+        for limit, refusal in (("ct201", "ct201: its replicas are served by ct200's gateway, which is not in this "
+                                         "run; run with -l ct200,ct201"),
+                               ("ct200", "ct200: its gateway also fronts the replicas of ct201, not in this run; run "
+                                         "with -l ct200,ct201")):
+            alone = group_play(limit)
+            assert alone.returncode != 0 and refusal in " ".join(alone.stdout.split()), alone.stdout[-3000:]
+            assert host_recap(alone, limit)["changed"] == 0
+        assert "sglang-qwen-r0.service" not in routed.ssh("ct201", "ls", "/etc/systemd/system").stdout
+
+        joined = group_play("ct200,ct201")
+        out = " ".join(joined.stdout.split())
+        assert joined.returncode == 0, out[-5000:]
+        worker = f"http://{ct201}:30001"
+        assert f"--host {ct201} --port 30001" in routed.ssh("ct201", "systemctl", "cat",
+                                                           "sglang-qwen-r0.service").stdout.replace(" \\\n    ", " ")
+        assert "smg-gateway.service" not in routed.ssh("ct201", "ls", "/etc/systemd/system").stdout
+        assert worker in routed.ssh("ct200", "systemctl", "cat", "smg-gateway.service").stdout
+        ctl = ["python3", "/usr/local/lib/dflash-infra/smg-ctl", "--url", f"http://{ct200}:30000", "--credentials",
+               "/etc/dflash-infra/smg-gateway", "workers"]
+        workers = {w["url"]: w for w in json.loads(routed.ssh("ct200", *ctl).stdout)["workers"]}
+        assert sorted(workers) == sorted([f"http://{ct200}:{30001 + i}" for i in range(4)] + [worker]), workers
+        assert workers[worker]["status"] == "ready" and workers[worker]["healthy"], workers[worker]
+        again = group_play("ct200,ct201")
+        assert again.returncode == 0 and host_recap(again, "ct200")["changed"] == 0 and \
+            host_recap(again, "ct201")["changed"] == 0, again.stdout[-3000:]
+
+        load = Load(f"http://{ct200}:30000", tmp_path / "load")
+        served = requests_served(worker)
+        while served == 0 and load.requests() < 400:  # the gateway routes the endpoint's load to ct201 too
+            load.wait_requests(10)
+            served = requests_served(worker)
+        assert served > 0, f"{load.requests()} requests through the gateway, none on {worker}"
+        # A change of ct201's plan only (an extra variable templated per host, as a host_vars file would set it).
+        rolled = group_play("ct200,ct201", extra={"dflash_plan_overrides": (
+            "{{ {'max_running_requests': 20} if inventory_hostname == 'ct201' else {} }}")})
+        figures = load.stop()
+        out = " ".join(rolled.stdout.split())
+        assert rolled.returncode == 0, out[-5000:]
+        assert host_recap(rolled, "ct200")["changed"] == 0, out[-3000:]
+        assert re.search(r"--max-running-requests\s+20", routed.ssh("ct201", "systemctl", "cat",
+                                                                    "sglang-qwen-r0.service").stdout)
+        summary = (f"serving: http://{ct200}:30000/v1 (Qwen3.6-27B) through smg-gateway.service on ct200, 1 replica(s) "
+                   f"replica 0: sglang-qwen-r0.service on GPUs 0,1 at {worker}, drained, restarted and added back")
+        assert summary in out, out[-3000:]
+        assert "smg-gateway.service (also fronting ct201), 4 replica(s)" in out, out[-3000:]
+        print(f"\nct201 rolled under load behind ct200's gateway: {figures['requests']} requests, "
+              f"{figures['failed']} failed; ct201's replica had served {served:.0f} before its turn")
+        assert figures["requests"] > 20 and figures["failed"] == 0, figures
+    finally:
+        routed.cli_ok("remove", "ct201")
+    assert "ct201" not in subprocess.run([tool("ansible-inventory"), "-i", "inventory/lab", "--list"], cwd=ROOT,
+                                         env=ansible_environment(), capture_output=True, text=True).stdout
