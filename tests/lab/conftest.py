@@ -32,8 +32,13 @@ class LabHandle:
     mod: ModuleType = labctl  # lab/labctl.py itself: container table and /proc helpers
 
     @property
+    def machines(self) -> list[Any]:
+        """The machines `lab up` keeps: every one but an on-demand one that was never built (ct201)."""
+        return [c for c in self.mod.CONTAINERS if not c.on_demand or self.paths.created_stamp(c.name).exists()]
+
+    @property
     def names(self) -> list[str]:
-        return [c.name for c in self.mod.CONTAINERS]
+        return [c.name for c in self.machines]
 
     @property
     def addresses(self) -> dict[str, str]:

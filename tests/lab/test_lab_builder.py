@@ -62,7 +62,7 @@ def test_ansible_ping_reaches_both_containers(lab: LabHandle) -> None:
 
 
 def test_inventory_groups_match_production_names(lab: LabHandle) -> None:
-    containers = sorted(c.name for c in lab.mod.guests())
+    containers = sorted(c.name for c in lab.machines if not c.is_node)
     for group, expected in (("pro6000", ["ct200"]), ("eval", ["ct129"]), ("proxmox_nodes", ["pve1"]),
                             ("proxmox_containers", containers)):
         proc = ansible(group, "--list-hosts")
@@ -99,7 +99,8 @@ def test_containers_have_their_own_identity(lab: LabHandle) -> None:
     host_keys = {n: lab.ssh(n, "cat", "/etc/ssh/ssh_host_ed25519_key.pub").stdout.split()[1] for n in lab.names}
     assert len(set(machine_ids.values())) == len(lab.names), machine_ids
     assert len(set(host_keys.values())) == len(lab.names), host_keys
-    for guest in lab.mod.guests():  # NCCL at TP > 1 needs a shared-memory tmpfs in each container
+    # NCCL at TP > 1 needs a shared-memory tmpfs in each container.
+    for guest in (c for c in lab.machines if not c.is_node):
         shm = lab.ssh(guest.name, "findmnt", "-n", "-o", "FSTYPE", "/dev/shm")
         assert shm.stdout.strip() == "tmpfs", f"{guest.name}: {shm.stdout}{shm.stderr}"
 
@@ -108,7 +109,7 @@ def test_each_container_runs_its_units_in_cgroups_of_its_own(lab: LabHandle) -> 
     # Shared cgroups would let one container's `systemctl stop sglang-qwen.service` kill another's engine (every
     # container of every lab of this machine runs units of the same names).
     seen: dict[str, str] = {}
-    for c in lab.mod.CONTAINERS:
+    for c in lab.machines:
         leader = lab.mod.container_leader(lab.mod.running_pid(lab.paths, c))
         assert leader is not None, c.name
         unified = next(line.split(":", 2)[2] for line in Path(f"/proc/{leader}/cgroup").read_text().splitlines()
