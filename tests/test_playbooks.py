@@ -86,3 +86,29 @@ def test_stage_playbooks_pass_no_role_variables(entry: str) -> None:
         assert steps and all("vars" not in step for step in steps)
         assert all(set(step) <= {"role", "name", "ansible.builtin.import_role", "ansible.builtin.include_role",
                                  "ansible.builtin.import_tasks"} for step in steps)
+
+
+def test_a_host_joins_another_hosts_endpoint_with_one_inventory_variable(ansible_env, tmp_path) -> None:
+    """The production inventory plus a second PRO 6000 box, ct201, whose group names ct200 as its gateway host:
+    planned offline (no host contacted), ct201's replica listens on every interface and is reached by the
+    inventory's name; ct200's own replicas stay on loopback."""
+    import shutil
+
+    import yaml
+
+    inventory = tmp_path / "inventory"
+    shutil.copytree(ROOT / "inventory" / "production", inventory)
+    hosts = yaml.safe_load((inventory / "hosts.yml").read_text())
+    hosts["all"]["children"]["proxmox_containers"]["children"]["pro6000_pair"] = {"hosts": {"ct201": {
+        "dflash_ssh_host": "ct201.internal", "proxmox_vmid": 201, "proxmox_node": "pve1"}}}
+    (inventory / "hosts.yml").write_text(yaml.safe_dump(hosts, sort_keys=False))
+    (inventory / "group_vars" / "pro6000_pair.yml").write_text(yaml.safe_dump({
+        "dflash_gateway_host": "ct200", "dflash_serve_through_gateway": True,
+        "dflash_expected_hardware": {"group": "pro6000_pair", "gpu_name": "NVIDIA RTX PRO 6000 Blackwell",
+                                     "gpu_count": 2, "memory_total_mib": 97887, "compute_cap": "12.0"}}))
+    proc = playbook(ansible_env, "-i", str(inventory), "playbooks/plan.yml", "-l", "ct200,ct201",
+                    "-e", "dflash_plan_offline=true")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "replica 3: GPUs 6,7 at http://127.0.0.1:30004" in proc.stdout  # ct200's, on loopback
+    assert "replica 0: GPUs 0,1 at http://ct201.internal:30001" in proc.stdout
+    assert "--host 0.0.0.0 --port 30001" in proc.stdout and "UNREACHABLE" not in proc.stdout  # ct201's replica

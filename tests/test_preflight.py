@@ -111,3 +111,7 @@ def test_an_endpoint_beyond_loopback_needs_a_key_or_a_deliberate_choice() -> Non
     for loopback in ("127.0.200.1", "::1", "localhost"):
         assert preflight.endpoint_problems("ct200", loopback, 30000, False, False) == []
     assert preflight.endpoint_problems("ct200", "ct200.internal", 30000, False, False)  # a name is not loopback
+    # The replicas of a host another host's gateway fronts are its endpoint: named by their own setting.
+    [replicas] = preflight.endpoint_problems("ct201", "0.0.0.0", 30001, False, False, "dflash_worker_listen")
+    assert replicas.startswith("ct201: the endpoint would listen on 0.0.0.0:30001, beyond loopback, with no API key")
+    assert "(dflash_worker_listen)" in replicas and "(dflash_service_listen)" not in replicas

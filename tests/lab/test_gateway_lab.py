@@ -343,6 +343,29 @@ def test_a_replica_crashing_under_the_load_gate_is_rolled_back_alone_and_the_end
     assert figures["requests"] > 50 and figures["failed"] == 0, figures
 
 
+def test_a_replica_slower_than_its_previous_deployment_fails_the_load_gate_and_is_rolled_back_alone(
+        routed: LabHandle, tmp_path: Path) -> None:
+    """A throughput regression (the stand-in's SGLANG_STANDIN_SLOWDOWN: every decode step 8x slower) passes the
+    readiness gates; the load gate compares the replica's output tok/s with its previous deployment's at the same
+    concurrency and prompts (the promoted canary's, concurrency 24), finds it below the lab's floor (a fifth), and
+    the replica goes back to its last good unit, back into the gateway; no request through the gateway fails."""
+    before = {u: routed.ssh("ct200", "systemctl", "cat", u).stdout for u in REPLICAS}
+    record = routed.ssh("ct200", "cat", "/var/lib/dflash-infra/sglang-qwen-r0/deployment.json").stdout
+    load = Load(f"http://{routed.addresses['ct200']}:30000", tmp_path / "load")
+    slower = {**KEPT["sglang_service_extra_environment"], "SGLANG_STANDIN_SLOWDOWN": "8"}
+    result = play("deploy_dflash.yml", extra={**KEPT, "sglang_service_extra_environment": slower})
+    figures = load.stop()
+    out = " ".join(result.stdout.split())
+    assert result.returncode != 0, out[-3000:]
+    assert re.search(r"sglang-qwen-r0\.service failed the load gate: .*concurrency 24: [0-9.]+ tok/s is \d+% below "
+                     r"the previous deployment's [0-9.]+ \(at most 80% allowed\)", out), out[-5000:]
+    assert "replica 0 (sglang-qwen-r0.service, GPUs 0,1) failed its turn of the rollout" in out
+    assert "Back in the gateway on its old unit" in out, out[-5000:]
+    assert {u: routed.ssh("ct200", "systemctl", "cat", u).stdout for u in REPLICAS} == before
+    assert routed.ssh("ct200", "cat", "/var/lib/dflash-infra/sglang-qwen-r0/deployment.json").stdout == record
+    assert figures["requests"] > 50 and figures["failed"] == 0, figures
+
+
 def test_a_replica_killed_under_load_is_routed_around_and_rejoins(routed: LabHandle, tmp_path: Path) -> None:
     unit = REPLICAS[1]
     pid = routed.ssh("ct200", "systemctl", "show", unit, "--property=MainPID", "--value").stdout.strip()
