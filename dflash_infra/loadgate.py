@@ -129,6 +129,22 @@ def restart_problem(unit: Mapping[str, Any] | None, name: str) -> str:
             f"{after.get('NRestarts', '?')}, now {after.get('ActiveState', '?')}): it crashed under load")
 
 
+def restarts_problem(units: Mapping[str, Mapping[str, Any]] | None) -> str:
+    """restart_problem for several engines (the dflash_load module's `units`, by name): each that restarted."""
+    return "; ".join(p for p in (restart_problem(unit, name) for name, unit in (units or {}).items()) if p)
+
+
+def gateway_run(settings: Mapping[str, Any], plan: Mapping[str, Any]) -> dict[str, Any]:
+    """The load gate through the gateway, after every replica passed its own: the endpoint's capacity at once.
+    `concurrency`: the settings' gateway_concurrency, else each engine's max_running_requests times the plan's
+    replicas; `requests`: the settings' requests times the replicas (each replica about as many as its own gate
+    sent), at least the largest concurrency, so that every level runs full."""
+    replicas = max(1, len(plan.get("replicas") or []))
+    concurrency = [int(c) for c in settings.get("gateway_concurrency") or []] or [
+        int(plan.get("max_running_requests") or 1) * replicas]
+    return {"concurrency": concurrency, "requests": max(int(settings["requests"]) * replicas, max(concurrency))}
+
+
 @dataclass(frozen=True)
 class Verdict:
     passed: bool

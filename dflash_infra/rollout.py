@@ -155,14 +155,24 @@ def state_inputs(all_slots: Sequence[Mapping[str, Any]], settings: Mapping[str, 
             "health": [{"url": routed.local_url(int(s["index"])) + "/health", "timeout": 3} for s in all_slots]}
 
 
+SCOPES = ("deploy", "measure", "canary")
+
+
 def gateway_topology(host: str, gateway_host: str, fronted_by: Mapping[str, str], play_hosts: Sequence[str],
-                     through_gateway: bool) -> list[str]:
-    """What stops a deploy of `host` in a serving group of several hosts, before anything changes.
+                     through_gateway: bool, scope: str = "deploy") -> list[str]:
+    """What stops a run of `host` in a serving group of several hosts, before anything changes.
 
     fronted_by: every container of the inventory -> the host whose gateway fronts its replicas (its
-    dflash_gateway_host; itself for a host with its own gateway). A host fronted by another host's gateway is drained
-    there as its replicas roll, so that gateway's host is in the run; a gateway host's workers include every host it
-    fronts, so they are all in the run (a gateway restarted without them would stop serving them)."""
+    dflash_gateway_host; itself for a host with its own gateway). scope: what the run does (dflash_run_scope).
+    - deploy: a host fronted by another host's gateway is drained there as its replicas roll, so that gateway's host
+      is in the run; a gateway host's workers include every host it fronts, so they are all in the run (a gateway
+      restarted without them would stop serving them);
+    - measure (playbooks/benchmark.yml): the endpoint is measured where it is, on the gateway's host, which may run
+      alone (the gateway is not changed); a host another host's gateway fronts has no endpoint to measure;
+    - canary (playbooks/canary.yml): a group of one host only, for now: a promotion rolls the canary host's replicas,
+      and those of the other hosts would stay on the baseline."""
+    if scope not in SCOPES:
+        return [f"{host}: dflash_run_scope: expected one of {', '.join(SCOPES)}, found {scope!r}"]
     if not through_gateway:
         return [] if gateway_host == host else [
             f"{host}: dflash_gateway_host is {gateway_host}, but {host} serves without the gateway "
@@ -170,17 +180,25 @@ def gateway_topology(host: str, gateway_host: str, fronted_by: Mapping[str, str]
     if gateway_host not in fronted_by:
         return [f"{host}: dflash_gateway_host {gateway_host!r} is not a container of the inventory "
                 f"(expected one of {', '.join(sorted(fronted_by))})"]
+    if gateway_host != host and fronted_by[gateway_host] != gateway_host:
+        return [f"{host}: dflash_gateway_host is {gateway_host}, whose own replicas are fronted by "
+                f"{fronted_by[gateway_host]}: a gateway host runs its own gateway; point {host} at "
+                f"{fronted_by[gateway_host]}"]
+    peers = sorted(h for h, g in fronted_by.items() if g == gateway_host and h != gateway_host)
+    if scope == "canary" and peers:
+        return [f"{host}: its endpoint is served by the replicas of {', '.join([gateway_host, *peers])} behind "
+                f"{gateway_host}'s gateway; a canary's promotion would leave the other hosts' replicas on the "
+                "baseline. Try candidates on a serving group of one host, then deploy the winner to the group"]
+    if scope == "measure" and gateway_host != host:
+        return [f"{host}: its replicas are served by {gateway_host}'s gateway, which is the endpoint to measure; run "
+                f"with -l {gateway_host}"]
     if gateway_host != host:
-        if fronted_by[gateway_host] != gateway_host:
-            return [f"{host}: dflash_gateway_host is {gateway_host}, whose own replicas are fronted by "
-                    f"{fronted_by[gateway_host]}: a gateway host runs its own gateway; point {host} at "
-                    f"{fronted_by[gateway_host]}"]
         if gateway_host not in play_hosts:
             return [f"{host}: its replicas are served by {gateway_host}'s gateway, which is not in this run; run with "
                     f"-l {gateway_host},{host} (or their groups), so each replica is drained there as it rolls"]
         return []
-    missing = sorted(h for h, g in fronted_by.items() if g == host and h != host and h not in play_hosts)
-    if missing:
+    missing = [h for h in peers if h not in play_hosts]
+    if missing and scope == "deploy":
         return [f"{host}: its gateway also fronts the replicas of {', '.join(missing)}, not in this run; run with "
                 f"-l {','.join([host, *missing])} (or their groups), so the gateway's workers are all known"]
     return []

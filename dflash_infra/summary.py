@@ -106,10 +106,11 @@ def load_lines(load: Mapping[str, Any] | None, indent: str) -> list[str]:
 
 
 def replica_lines(replicas: Sequence[Mapping[str, Any]], url: str, model_name: str, gateway_unit: str,
-                  gateway: Mapping[str, Any] | None = None, check_mode: bool = False) -> list[str]:
-    """Serving through the gateway: the endpoint and the gateway's release and lock, then each replica with its
-    GPUs, what this run did and its gate; under --check what a run would do to it (`would`: start, roll or
-    nothing), and no gate."""
+                  gateway: Mapping[str, Any] | None = None, check_mode: bool = False,
+                  gateway_load: Mapping[str, Any] | None = None) -> list[str]:
+    """Serving through the gateway: the endpoint and the gateway's release and lock, the load gate's figures
+    through it (this run's, else the last recorded), then each replica with its GPUs, what this run did and its
+    gate; under --check what a run would do to it (`would`: start, roll or nothing), and no gate."""
     if not replicas:
         return []
     out = [f"serving: {url}/v1 ({model_name}) through {gateway_unit}, {len(replicas)} replica(s)"]
@@ -117,6 +118,8 @@ def replica_lines(replicas: Sequence[Mapping[str, Any]], url: str, model_name: s
         lock = gateway.get("lock") or {}
         out.append(f"gateway: smg {gateway.get('smg')} at {gateway.get('venv')}, locked by {lock.get('file')} "
                    f"({lock.get('packages')} packages, sha256 {str(lock.get('sha256'))[:16]})")
+    if not check_mode:
+        out += load_lines(gateway_load, "  through the gateway, ")
     for r in sorted(replicas, key=lambda r: int(r.get("index") or 0)):
         gates = r.get("gates") or {}
         gpus = ",".join(str(g) for g in r.get("gpu_ids") or [])
@@ -137,11 +140,12 @@ def lines(*, host: str, groups: Sequence[str], check_mode: bool, state: Mapping[
           models: Mapping[str, Mapping[str, Any]], model_root: str, synced_this_run: bool | None,
           engine: Mapping[str, Any] | None, record: Mapping[str, Any] | None, url: str, model_name: str,
           unit: str, replicas: Sequence[Mapping[str, Any]] = (), gateway_unit: str = "",
-          gateway: Mapping[str, Any] | None = None) -> list[str]:
+          gateway: Mapping[str, Any] | None = None, gateway_load: Mapping[str, Any] | None = None) -> list[str]:
     """Every line of one host's summary, in the order of the deploy's stages."""
     out: list[str | None] = [host_line(host, groups, check_mode), *gpu_lines(state), *proxmox_lines(proxmox),
                              plan_line(plan), training_line(training, training_record_path, check_mode),
                              models_line(models, model_root, synced_this_run), engine_line(engine, check_mode),
-                             *(replica_lines(replicas, url, model_name, gateway_unit, gateway, check_mode) if replicas
+                             *(replica_lines(replicas, url, model_name, gateway_unit, gateway, check_mode,
+                                             gateway_load) if replicas
                                else serving_lines(record, url, model_name, unit))]
     return [line for line in out if line]

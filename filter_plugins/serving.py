@@ -68,5 +68,7 @@ class FilterModule:
             "dflash_load_figures": loadgate.run_figures,
             "dflash_load_endpoint_concurrency": loadgate.endpoint_concurrency,
             "dflash_load_restart_problem": loadgate.restart_problem,
+            "dflash_load_restarts_problem": loadgate.restarts_problem,
+            "dflash_load_gateway_run": loadgate.gateway_run,
             "dflash_load_verdict": loadgate.verdict,
         })

@@ -52,6 +52,11 @@ options:
   api_key_file: {description: A file holding the API key alone., type: path}
   api_key_env_file: {description: An environment file with an SGLANG_API_KEY= line., type: path}
   unit: {description: The systemd unit of the engine to watch for restarts., type: str}
+  units:
+    description: The systemd units of several engines to watch for restarts (the replicas behind a gateway).
+    type: list
+    elements: str
+    default: []
 """
 
 RETURN = r"""
@@ -69,6 +74,10 @@ unit:
   description: The unit before and after the run (NRestarts, InvocationID, ActiveState) and whether it restarted.
   type: dict
   returned: when unit is given
+units:
+  description: The same as I(unit) for each of I(units), by name.
+  type: dict
+  returned: when units are given
 """
 
 import http.client
@@ -125,6 +134,13 @@ def unit_props(unit: str) -> dict[str, str]:
     out = subprocess.run(["systemctl", "show", unit, "--property=" + ",".join(UNIT_PROPS)],
                          capture_output=True, text=True, check=False).stdout
     return dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
+
+
+def restarts(before: dict[str, str], after: dict[str, str]) -> dict[str, Any]:
+    """A unit before and after the load run, and whether it restarted (or is no longer active) meanwhile."""
+    return {"before": before, "after": after,
+            "restarted": after.get("InvocationID") != before.get("InvocationID")
+            or after.get("NRestarts") != before.get("NRestarts") or after.get("ActiveState") != "active"}
 
 
 def spec_only(value: Any) -> dict[str, Any] | None:
@@ -280,6 +296,7 @@ def main() -> None:
             "api_key_file": {"type": "path"},
             "api_key_env_file": {"type": "path"},
             "unit": {"type": "str"},
+            "units": {"type": "list", "elements": "str", "default": []},
         },
         mutually_exclusive=[["api_key_file", "api_key_env_file"]],
         supports_check_mode=True,
@@ -294,14 +311,15 @@ def main() -> None:
         module.fail_json(msg=f"dflash_load: expected at least one request and concurrencies of at least 1, found "
                          f"requests {params['requests']}, concurrency {params['concurrency']}")
     key = read_key(params["api_key_file"], params["api_key_env_file"])
-    before = unit_props(params["unit"]) if params["unit"] else {}
+    watched = ([params["unit"]] if params["unit"] else []) + list(params["units"])
+    before = {name: unit_props(name) for name in watched}
     runs = [run_at(c, params, key) for c in params["concurrency"]]
-    result = {"changed": False, "runs": runs}
+    result: dict[str, Any] = {"changed": False, "runs": runs}
+    seen = {name: restarts(before[name], unit_props(name)) for name in watched}
     if params["unit"]:
-        after = unit_props(params["unit"])
-        result["unit"] = {"before": before, "after": after,
-                          "restarted": after.get("InvocationID") != before.get("InvocationID")
-                          or after.get("NRestarts") != before.get("NRestarts") or after.get("ActiveState") != "active"}
+        result["unit"] = seen[params["unit"]]
+    if params["units"]:
+        result["units"] = {name: seen[name] for name in params["units"]}
     module.exit_json(**result)
 
 

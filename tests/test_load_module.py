@@ -5,6 +5,7 @@ exists for (acceptance collapsing at concurrency >= 2, requests failing, a slowe
 
 from __future__ import annotations
 
+import os
 import sys
 import threading
 from collections.abc import Iterator
@@ -145,3 +146,27 @@ def test_a_slower_engine_fails_against_the_previous_deployment(engine: standin.T
     assert "below the previous deployment's" in problem and "(at most 10% allowed)" in problem
     accepted = loadgate.verdict(after, before["load"], {**SETTINGS, "accept_regression": True}, speculative=True)
     assert accepted["passed"] and accepted["lines"][-1].endswith("accepted on purpose")
+
+
+def test_several_engines_are_watched_for_a_restart_during_one_run(
+        engine: standin.ThreadingHTTPServer, key_file: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`units` (the replicas behind a gateway): each unit is read before and after the run (systemctl show; here a
+    stand-in systemctl on PATH that reports r1 restarted by its second read) and the gate names each that restarted."""
+    fake = tmp_path / "bin" / "systemctl"
+    fake.parent.mkdir()
+    fake.write_text('#!/bin/sh\n'
+                    'calls="$FAKE_SYSTEMCTL_DIR/$2.calls"; echo x >> "$calls"; n=$(wc -l < "$calls")\n'
+                    'if [ "$2" = r1.service ] && [ "$n" -gt 1 ]; then echo NRestarts=1; echo InvocationID=b\n'
+                    'else echo NRestarts=0; echo InvocationID=a; fi\n'
+                    'echo ActiveState=active\n')
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake.parent}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("FAKE_SYSTEMCTL_DIR", str(tmp_path))
+    result = load(engine, key_file, [2], requests=2, units=["r0.service", "r1.service"])
+    assert sorted(result["units"]) == ["r0.service", "r1.service"] and "unit" not in result
+    assert result["units"]["r0.service"]["restarted"] is False
+    assert result["units"]["r1.service"]["before"]["NRestarts"] == "0"
+    assert result["units"]["r1.service"]["after"]["NRestarts"] == "1"
+    assert loadgate.restarts_problem(result["units"]) == ("r1.service restarted during the load run (NRestarts 0 -> 1, "
+                                                          "now active): it crashed under load")
+    assert (tmp_path / "r0.service.calls").read_text() == "x\nx\n"  # once before and once after the run

@@ -109,3 +109,24 @@ def test_the_benchmark_runs_one_four_and_the_endpoints_maximum() -> None:
     assert loadgate.endpoint_concurrency(gateway) == [1, 4, 128]
     assert loadgate.endpoint_concurrency({"max_running_requests": 4}) == [1, 4]  # the maximum once
     assert loadgate.endpoint_concurrency({"max_running_requests": 2}, (1, 4, 8)) == [1, 2]  # none beyond it
+
+
+def test_through_the_gateway_the_endpoints_capacity_runs_at_once() -> None:
+    plan = {"max_running_requests": 24, "replicas": [{}, {}, {}, {}]}
+    settings = {"requests": 32, "gateway_concurrency": []}
+    # Every replica's share at once, each replica about as many requests as its own gate sent.
+    assert loadgate.gateway_run(settings, plan) == {"concurrency": [96], "requests": 128}
+    # Concurrencies given: at least as many requests as the largest, so that every level runs full.
+    assert loadgate.gateway_run({**settings, "gateway_concurrency": [8, 200]}, plan) == {"concurrency": [8, 200],
+                                                                                         "requests": 200}
+    assert loadgate.gateway_run({"requests": 32}, {"max_running_requests": 48, "replicas": [{}]}) == {
+        "concurrency": [48], "requests": 48}
+
+
+def test_each_replica_that_restarted_under_the_gateways_load_is_named() -> None:
+    quiet = {"restarted": False, "before": {"NRestarts": "0"}, "after": {"NRestarts": "0", "ActiveState": "active"}}
+    died = {"restarted": True, "before": {"NRestarts": "0"}, "after": {"NRestarts": "2", "ActiveState": "activating"}}
+    assert loadgate.restarts_problem({"r0.service": quiet, "r1.service": died, "r3.service": died}) == (
+        "r1.service restarted during the load run (NRestarts 0 -> 2, now activating): it crashed under load; "
+        "r3.service restarted during the load run (NRestarts 0 -> 2, now activating): it crashed under load")
+    assert loadgate.restarts_problem({"r0.service": quiet}) == "" and loadgate.restarts_problem(None) == ""

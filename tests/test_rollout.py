@@ -147,6 +147,26 @@ def test_a_serving_group_of_several_hosts_is_deployed_together(host: str, gatewa
     assert (found[0] if found else "").startswith(problem) and len(found) <= 1, found
 
 
+@pytest.mark.parametrize(("host", "play", "scope", "problem"), [
+    # The benchmark measures the endpoint where it is: the gateway's host, alone if need be.
+    ("ct200", ["ct200"], "measure", ""),
+    ("ct201", ["ct200", "ct201"], "measure",
+     "ct201: its replicas are served by ct200's gateway, which is the endpoint to measure; run with -l ct200"),
+    # A canary only on a serving group of one host: its promotion rolls that host's replicas alone.
+    ("ct129", ["ct129"], "canary", ""),
+    ("ct200", ["ct200", "ct201"], "canary",
+     "ct200: its endpoint is served by the replicas of ct200, ct201 behind ct200's gateway; a canary's promotion "
+     "would leave the other hosts' replicas on the baseline"),
+    ("ct201", ["ct201"], "canary", "ct201: its endpoint is served by the replicas of ct200, ct201"),
+    ("ct129", ["ct129"], "rollout",
+     "ct129: dflash_run_scope: expected one of deploy, measure, canary, found 'rollout'"),
+])
+def test_what_a_run_does_decides_which_hosts_of_a_serving_group_it_needs(host: str, play: list[str], scope: str,
+                                                                        problem: str) -> None:
+    found = rollout.gateway_topology(host, FRONTED[host], FRONTED, play, True, scope)
+    assert (found[0] if found else "").startswith(problem) and len(found) <= 1, found
+
+
 def test_a_replica_runs_from_the_plan_with_its_own_argv_gpus_and_address() -> None:
     plan = {"tp_size": 2, "dp_size": 4, "args": ["--port", "30001"], "gpu_ids": list(range(8)),
             "serve": {"host": "0.0.0.0", "port": 30000, "served_model_name": "Qwen3.6-27B"},

@@ -101,6 +101,15 @@ def test_behind_the_gateway_each_replica_is_named_with_its_gpus_what_the_run_did
         "replica 2: sglang-qwen-r2.service on GPUs 4,5 at http://127.0.0.1:30003, started; gates ready "
         "(generated 16 tokens)"]
     assert not any(line.startswith("gates:") for line in lines)  # the single engine's lines are not shown
+    # The load gate's figures through the gateway, under the gateway's line.
+    through = {"figures": [{"concurrency": 96, "requests": 128, "failed": 0, "output_tokens_per_s": 30000.5,
+                            "requests_per_s": 460.1, "accept_length_mean": 5.7, "verify_ct": 1450}]}
+    loaded = summary.lines(host="ct200", groups=["pro6000"], check_mode=False,
+                           **inputs(replicas=replicas, gateway_unit="smg-gateway.service", gateway=record,
+                                    gateway_load=through))
+    assert loaded[-4] == ("  through the gateway, load at concurrency 96: 128 requests, 0 failed, 30000.5 output "
+                          "tok/s, 460.1 req/s, acceptance length 5.7 (verify count 1450)")
+    assert loaded[-5].startswith("gateway: smg 1.13.0") and loaded[-3].startswith("replica 0:")
     # --check: what a run would do to each replica, one line each, and no gate (none ran).
     would = {0: "roll", 1: "", 2: "start"}
     planned = [{**r, "would": would[int(r["index"])]} for r in replicas]

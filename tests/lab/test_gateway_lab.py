@@ -366,6 +366,54 @@ def test_a_replica_slower_than_its_previous_deployment_fails_the_load_gate_and_i
     assert figures["requests"] > 50 and figures["failed"] == 0, figures
 
 
+GATEWAY_LOAD = "/var/lib/dflash-infra/smg-gateway.load.json"
+
+
+def test_replicas_slower_together_than_the_last_deploy_through_the_gateway_all_go_back_under_load(
+        routed: LabHandle, tmp_path: Path) -> None:
+    """The load gate through the gateway, after every replica passed its own: the previous deploy's figures through
+    the gateway (smg-gateway.load.json; written here as a deploy ten times faster at this concurrency would have left
+    them, the record the first gateway deploy made being at its own concurrency) make this deploy's a regression.
+    Every replica this run restarted goes back to its previous deployment, one at a time under load, the play fails
+    with the figures side by side, the record is left as it was, and no request through the gateway fails."""
+    recorded = routed.ssh("ct200", "cat", GATEWAY_LOAD).stdout
+    first = json.loads(recorded)["load"]
+    assert [f["concurrency"] for f in first["figures"]] == [128], first  # the first gateway deploy's: 32 x 4
+    row = first["figures"][0]
+    faster = {"recorded_at": "2026-12-01T00:00:00Z", "load": {**first, "figures": [
+        {**row, "concurrency": 96, "output_tokens_per_s": row["output_tokens_per_s"] * 10}]}}
+    before = {u: routed.ssh("ct200", "systemctl", "cat", u).stdout for u in REPLICAS}
+    deployed = {u: json.loads(routed.ssh("ct200", "cat", f"/var/lib/dflash-infra/{u[:-8]}/deployment.json").stdout)
+                ["deployed_at"] for u in REPLICAS}
+    (tmp_path / "faster.json").write_text(json.dumps(faster))
+    (tmp_path / "recorded.json").write_text(recorded)
+    routed.put("ct200", tmp_path / "faster.json", GATEWAY_LOAD)
+    try:
+        load = Load(f"http://{routed.addresses['ct200']}:30000", tmp_path / "load")
+        changed = {**KEPT["sglang_service_extra_environment"], "SGLANG_STANDIN_SLOWDOWN": "1"}  # every unit differs
+        result = play("deploy_dflash.yml", extra={**KEPT, "sglang_service_extra_environment": changed})
+        figures = load.stop()
+        out = " ".join(result.stdout.split())
+        assert result.returncode != 0, out[-3000:]
+        assert re.search(r"ct200: the endpoint failed the load gate through smg-gateway\.service \(figures: "
+                         r"concurrency 96: 128 requests, 0 failed, [0-9.]+ tok/s, [0-9.]+ req/s, "
+                         r".*\(previous deployment: [0-9.]+ tok/s.*\): "
+                         r"concurrency 96: [0-9.]+ tok/s is \d+% below the previous deployment's", out), \
+            out[-5000:]
+        assert ("Rolled back to their previous deployment, one at a time with the endpoint up: "
+                + ", ".join(REPLICAS)) in out, out[-5000:]
+        assert len(re.findall(r"load gate: concurrency 24: 32 requests, 0 failed", out)) == 4  # each replica's own gate
+        assert {u: routed.ssh("ct200", "systemctl", "cat", u).stdout for u in REPLICAS} == before
+        assert {u: json.loads(routed.ssh("ct200", "cat", f"/var/lib/dflash-infra/{u[:-8]}/deployment.json").stdout)
+                ["deployed_at"] for u in REPLICAS} == deployed
+        assert json.loads(routed.ssh("ct200", "cat", GATEWAY_LOAD).stdout) == faster  # a failed gate records nothing
+        print(f"\nrolled back through the gateway's load gate under load: {figures['requests']} requests, "
+              f"{figures['failed']} failed")
+        assert figures["requests"] > 50 and figures["failed"] == 0, figures
+    finally:
+        routed.put("ct200", tmp_path / "recorded.json", GATEWAY_LOAD)
+
+
 def test_a_replica_killed_under_load_is_routed_around_and_rejoins(routed: LabHandle, tmp_path: Path) -> None:
     unit = REPLICAS[1]
     pid = routed.ssh("ct200", "systemctl", "show", unit, "--property=MainPID", "--value").stdout.strip()
@@ -491,9 +539,11 @@ def test_replicas_roll_back_on_demand_one_at_a_time_under_load_to_their_previous
         again.stdout.split()), again.stdout[-3000:]
 
 
-def group_play(limit: str, *args: str, extra: dict[str, Any] | None = None) -> subprocess.CompletedProcess[str]:
-    """deploy_dflash.yml on the hosts of `limit` (a serving group of several hosts is deployed together)."""
-    argv = [tool("ansible-playbook"), "-i", "inventory/lab", "-l", limit, "deploy_dflash.yml", *args]
+def group_play(limit: str, *args: str, extra: dict[str, Any] | None = None,
+               playbook: str = "deploy_dflash.yml") -> subprocess.CompletedProcess[str]:
+    """deploy_dflash.yml (or `playbook`) on the hosts of `limit` (a serving group of several hosts is deployed
+    together)."""
+    argv = [tool("ansible-playbook"), "-i", "inventory/lab", "-l", limit, playbook, *args]
     if extra is not None:
         argv += ["-e", json.dumps(extra)]
     return subprocess.run(argv, cwd=ROOT, env=ansible_environment(), capture_output=True, text=True)
@@ -556,21 +606,49 @@ def test_a_second_host_serves_the_same_endpoint_behind_ct200s_gateway_and_rolls_
             served = requests_served(worker)
         assert served > 0, f"{load.requests()} requests through the gateway, none on {worker}"
         # A change of ct201's plan only (an extra variable templated per host, as a host_vars file would set it).
+        before = routed.ssh("ct201", "systemctl", "cat", "sglang-qwen-r0.service").stdout
         rolled = group_play("ct200,ct201", extra={"dflash_plan_overrides": (
             "{{ {'max_running_requests': 20} if inventory_hostname == 'ct201' else {} }}")})
-        figures = load.stop()
         out = " ".join(rolled.stdout.split())
         assert rolled.returncode == 0, out[-5000:]
-        assert host_recap(rolled, "ct200")["changed"] == 0, out[-3000:]
+        # ct200's one change: the figures of the load gate through its gateway, which ct201's restart made it run.
+        assert host_recap(rolled, "ct200")["changed"] == 1, out[-3000:]
+        assert re.search(r"ct200 \(pro6000\):.* through the gateway, load at concurrency 96: 128 requests, 0 failed",
+                         out), out[-3000:]
         assert re.search(r"--max-running-requests\s+20", routed.ssh("ct201", "systemctl", "cat",
                                                                     "sglang-qwen-r0.service").stdout)
         summary = (f"serving: http://{ct200}:30000/v1 (Qwen3.6-27B) through smg-gateway.service on ct200, 1 replica(s) "
                    f"replica 0: sglang-qwen-r0.service on GPUs 0,1 at {worker}, drained, restarted and added back")
         assert summary in out, out[-3000:]
         assert "smg-gateway.service (also fronting ct201), 4 replica(s)" in out, out[-3000:]
-        print(f"\nct201 rolled under load behind ct200's gateway: {figures['requests']} requests, "
+        # ct201 alone rolls its replica back on demand, drained and added back on ct200's gateway.
+        back = subprocess.run([tool("ansible-playbook"), "-i", "inventory/lab", "-l", "ct201", "playbooks/rollback.yml",
+                               "-e", "dflash_rollback=replicas"], cwd=ROOT, env=ansible_environment(),
+                              capture_output=True, text=True)
+        figures = load.stop()
+        out = " ".join(back.stdout.split())
+        assert back.returncode == 0, out[-5000:]
+        assert re.search(r"TASK \[Take the replica out of the gateway \(its requests finish first\), "
+                         r"sglang-qwen-r0\.service\] \*+ changed: \[ct201 -> ct200", out), out[-5000:]
+        assert routed.ssh("ct201", "systemctl", "cat", "sglang-qwen-r0.service").stdout == before
+        workers = {w["url"]: w for w in json.loads(routed.ssh("ct200", *ctl).stdout)["workers"]}
+        assert workers[worker]["status"] == "ready" and workers[worker]["healthy"], workers[worker]
+        print(f"\nct201 rolled forward and back under load behind ct200's gateway: {figures['requests']} requests, "
               f"{figures['failed']} failed; ct201's replica had served {served:.0f} before its turn")
         assert figures["requests"] > 20 and figures["failed"] == 0, figures
+        # The endpoint is measured where it is, on ct200 alone; ct201 has none, and a canary needs a group of one host.
+        measured = group_play("ct200", extra={"dflash_benchmark_concurrency": [4]}, playbook="playbooks/benchmark.yml")
+        assert measured.returncode == 0 and "concurrency 4: 32 requests, 0 failed" in " ".join(
+            measured.stdout.split()), measured.stdout[-3000:]
+        for limit, name, refusal in (
+                ("ct201", "playbooks/benchmark.yml", "ct201: its replicas are served by ct200's gateway, which is the "
+                                                     "endpoint to measure; run with -l ct200"),
+                ("ct200", "playbooks/canary.yml", "ct200: its endpoint is served by the replicas of ct200, ct201 "
+                                                  "behind ct200's gateway; a canary's promotion would leave")):
+            refused = group_play(limit, extra={"candidate": {"environment": {"SGLANG_STANDIN_STEP_MS": "3"}}},
+                                 playbook=name)
+            assert refused.returncode != 0 and refusal in " ".join(refused.stdout.split()), refused.stdout[-3000:]
+            assert host_recap(refused, limit)["changed"] == 0
     finally:
         routed.cli_ok("remove", "ct201")
     assert "ct201" not in subprocess.run([tool("ansible-inventory"), "-i", "inventory/lab", "--list"], cwd=ROOT,
