@@ -155,7 +155,8 @@ HAND = "typing_extensions"
 # Drift on a converged host, one thing at a time: the next deploy repairs exactly that and reports changed for
 # exactly the tasks that repair it (a restart follows a changed unit or model: the engine holds them open).
 DRIFTS = {
-    # One replica's unit: only that replica leaves the gateway, restarts and comes back; the others serve.
+    # One replica's unit: only that replica leaves the gateway, restarts and comes back; the others serve; then the
+    # load gate through the gateway (compared with the first deploy's figures there).
     "a byte of a replica's unit": (
         f"sed -i 's/^RestartSec=10$/RestartSec=11/' /etc/systemd/system/{R0} && systemctl daemon-reload",
         [f"Take the replica out of the gateway (its requests finish first), {R0}",
@@ -163,7 +164,9 @@ DRIFTS = {
          f"Write the unit, validated with systemd-analyze verify, {R0}",
          "Restart the engine now when the unit or its inputs changed",
          "Snapshot the unit and environment file that passed the gates, point last-good at it, write the record",
-         f"Put the replica back into the gateway, {R0}"]),
+         f"Put the replica back into the gateway, {R0}",
+         # A replica restarted: the endpoint is proven through the gateway after the rollout, its figures recorded.
+         "Record the figures through the gateway (the next deploy compares with them)"]),
     "a package hold": ("apt-mark unhold libnvidia-compute-595 >/dev/null",
                        ["Hold every package of the user-space set (installing clears holds)"]),
     "the pin file": ("echo '# drift' >> /etc/apt/preferences.d/dflash-nvidia-userspace.pref",
@@ -203,6 +206,11 @@ def test_drift_on_a_converged_host_is_repaired_exactly(fresh_lab: LabHandle, tmp
         assert re.search(r"load gate: concurrency 32: 32 requests, 0 failed, [0-9.]+ tok/s, [0-9.]+ req/s, "
                          r"acceptance [0-9.]+ over 32 requests \(previous deployment: [0-9.]+ tok/s, acceptance "
                          r"[0-9.]+\)", flat), flat[-3000:]
+        # Through the gateway, at the endpoint's capacity (4 x 32), against the first deploy's figures there.
+        assert re.search(r"ct200: load gate through smg-gateway\.service: concurrency 128: 128 requests, 0 failed, "
+                         r"[0-9.]+ tok/s, [0-9.]+ req/s, acceptance [0-9.]+ over \d+ requests \(previous deployment: "
+                         r"[0-9.]+ tok/s", flat), flat[-3000:]
+        assert "through the gateway, load at concurrency 128: 128 requests, 0 failed" in flat, flat[-3000:]
     if "gateway" in drift:
         assert "+ setproctitle 1.3.8 (missing)" in out, out[-3000:]
         assert "setproctitle" in fresh_lab.ssh("ct200", "/opt/smg/venv/bin/python", "-m", "pip", "list").stdout

@@ -112,7 +112,8 @@ def test_the_first_gateway_deploy_migrates_the_single_process_unit_and_serves_ev
     assert (figures["concurrency"], figures["requests"], figures["failed"]) == (32, 32, 0), figures
     assert figures["accept_length_mean"] >= 1.5 and figures["output_tokens"] == 32 * 64, figures
     assert record["load"]["inputs"]["prompts"] == ["code", "math", "chat"]
-    assert out.count("first deployment with load figures: recorded, nothing to compare with") == 4, out[-3000:]
+    # Each replica's own load gate, and the endpoint's through the gateway after them.
+    assert out.count("first deployment with load figures: recorded, nothing to compare with") == 5, out[-3000:]
     # Every second request streamed: time to first token and inter-token latency beside the acceptance.
     assert re.search(r"load at concurrency 32: 32 requests, 0 failed, [0-9.]+ output tok/s, [0-9.]+ req/s, "
                      r"acceptance length [0-9.]+ \(verify count \d+\), TTFT p50/p99 [0-9.]+/[0-9.]+ ms, "
@@ -366,54 +367,6 @@ def test_a_replica_slower_than_its_previous_deployment_fails_the_load_gate_and_i
     assert figures["requests"] > 50 and figures["failed"] == 0, figures
 
 
-GATEWAY_LOAD = "/var/lib/dflash-infra/smg-gateway.load.json"
-
-
-def test_replicas_slower_together_than_the_last_deploy_through_the_gateway_all_go_back_under_load(
-        routed: LabHandle, tmp_path: Path) -> None:
-    """The load gate through the gateway, after every replica passed its own: the previous deploy's figures through
-    the gateway (smg-gateway.load.json; written here as a deploy ten times faster at this concurrency would have left
-    them, the record the first gateway deploy made being at its own concurrency) make this deploy's a regression.
-    Every replica this run restarted goes back to its previous deployment, one at a time under load, the play fails
-    with the figures side by side, the record is left as it was, and no request through the gateway fails."""
-    recorded = routed.ssh("ct200", "cat", GATEWAY_LOAD).stdout
-    first = json.loads(recorded)["load"]
-    assert [f["concurrency"] for f in first["figures"]] == [128], first  # the first gateway deploy's: 32 x 4
-    row = first["figures"][0]
-    faster = {"recorded_at": "2026-12-01T00:00:00Z", "load": {**first, "figures": [
-        {**row, "concurrency": 96, "output_tokens_per_s": row["output_tokens_per_s"] * 10}]}}
-    before = {u: routed.ssh("ct200", "systemctl", "cat", u).stdout for u in REPLICAS}
-    deployed = {u: json.loads(routed.ssh("ct200", "cat", f"/var/lib/dflash-infra/{u[:-8]}/deployment.json").stdout)
-                ["deployed_at"] for u in REPLICAS}
-    (tmp_path / "faster.json").write_text(json.dumps(faster))
-    (tmp_path / "recorded.json").write_text(recorded)
-    routed.put("ct200", tmp_path / "faster.json", GATEWAY_LOAD)
-    try:
-        load = Load(f"http://{routed.addresses['ct200']}:30000", tmp_path / "load")
-        changed = {**KEPT["sglang_service_extra_environment"], "SGLANG_STANDIN_SLOWDOWN": "1"}  # every unit differs
-        result = play("deploy_dflash.yml", extra={**KEPT, "sglang_service_extra_environment": changed})
-        figures = load.stop()
-        out = " ".join(result.stdout.split())
-        assert result.returncode != 0, out[-3000:]
-        assert re.search(r"ct200: the endpoint failed the load gate through smg-gateway\.service \(figures: "
-                         r"concurrency 96: 128 requests, 0 failed, [0-9.]+ tok/s, [0-9.]+ req/s, "
-                         r".*\(previous deployment: [0-9.]+ tok/s.*\): "
-                         r"concurrency 96: [0-9.]+ tok/s is \d+% below the previous deployment's", out), \
-            out[-5000:]
-        assert ("Rolled back to their previous deployment, one at a time with the endpoint up: "
-                + ", ".join(REPLICAS)) in out, out[-5000:]
-        assert len(re.findall(r"load gate: concurrency 24: 32 requests, 0 failed", out)) == 4  # each replica's own gate
-        assert {u: routed.ssh("ct200", "systemctl", "cat", u).stdout for u in REPLICAS} == before
-        assert {u: json.loads(routed.ssh("ct200", "cat", f"/var/lib/dflash-infra/{u[:-8]}/deployment.json").stdout)
-                ["deployed_at"] for u in REPLICAS} == deployed
-        assert json.loads(routed.ssh("ct200", "cat", GATEWAY_LOAD).stdout) == faster  # a failed gate records nothing
-        print(f"\nrolled back through the gateway's load gate under load: {figures['requests']} requests, "
-              f"{figures['failed']} failed")
-        assert figures["requests"] > 50 and figures["failed"] == 0, figures
-    finally:
-        routed.put("ct200", tmp_path / "recorded.json", GATEWAY_LOAD)
-
-
 def test_a_replica_killed_under_load_is_routed_around_and_rejoins(routed: LabHandle, tmp_path: Path) -> None:
     unit = REPLICAS[1]
     pid = routed.ssh("ct200", "systemctl", "show", unit, "--property=MainPID", "--value").stdout.strip()
@@ -440,10 +393,15 @@ def test_a_replica_killed_under_load_is_routed_around_and_rejoins(routed: LabHan
     assert figures["requests"] > 50 and figures["failed"] == 0, figures
 
 
+def changed_gateway_settings(address: str) -> dict[str, Any]:
+    """The gateway settings the changed-setting test deploys, and the tests after it keep."""
+    return {"worker_host": address, "prometheus_host": address, "retry_max_retries": 5}
+
+
 def test_a_changed_gateway_setting_restarts_only_the_gateway_and_the_outage_is_measured(
         routed: LabHandle, tmp_path: Path) -> None:
     ct200 = routed.addresses["ct200"]
-    settings = {"worker_host": ct200, "prometheus_host": ct200, "retry_max_retries": 5}
+    settings = changed_gateway_settings(ct200)
     plan = dict(KEPT)  # the promoted canary's settings, as the team keeps them in group_vars
     # The replicas as the earlier tests leave them: the promoted candidate's (the failed rollouts were rolled back;
     # the replica rolled back is gated and recorded again, and the lock of the failed run taken over): no restart.
@@ -539,6 +497,57 @@ def test_replicas_roll_back_on_demand_one_at_a_time_under_load_to_their_previous
         again.stdout.split()), again.stdout[-3000:]
 
 
+GATEWAY_LOAD = "/var/lib/dflash-infra/smg-gateway.load.json"
+
+
+def test_replicas_slower_together_than_the_last_deploy_through_the_gateway_all_go_back_under_load(
+        routed: LabHandle, tmp_path: Path) -> None:
+    """The load gate through the gateway, after every replica passed its own: the previous deploy's figures through
+    the gateway (smg-gateway.load.json; written here as a deploy ten times faster at this concurrency would have left
+    them, from the last record's inputs and figures) make this deploy's a regression.
+    Every replica this run restarted goes back to its previous deployment, one at a time under load, the play fails
+    with the figures side by side, the record is left as it was, and no request through the gateway fails."""
+    recorded = routed.ssh("ct200", "cat", GATEWAY_LOAD).stdout  # the last deploy's that restarted something
+    first = json.loads(recorded)["load"]
+    row = first["figures"][0]
+    faster = {"recorded_at": "2026-12-01T00:00:00Z", "load": {**first, "figures": [
+        {**row, "concurrency": 96, "output_tokens_per_s": row["output_tokens_per_s"] * 10}]}}
+    before = {u: routed.ssh("ct200", "systemctl", "cat", u).stdout for u in REPLICAS}
+    deployed = {u: json.loads(routed.ssh("ct200", "cat", f"/var/lib/dflash-infra/{u[:-8]}/deployment.json").stdout)
+                ["deployed_at"] for u in REPLICAS}
+    (tmp_path / "faster.json").write_text(json.dumps(faster))
+    (tmp_path / "recorded.json").write_text(recorded)
+    routed.put("ct200", tmp_path / "faster.json", GATEWAY_LOAD)
+    try:
+        load = Load(f"http://{routed.addresses['ct200']}:30000", tmp_path / "load")
+        changed = {**KEPT["sglang_service_extra_environment"], "SGLANG_STANDIN_SLOWDOWN": "1"}  # every unit differs
+        # The gateway's settings as the changed-setting test left them: the gateway itself does not restart.
+        result = play("deploy_dflash.yml", extra={**KEPT, "sglang_service_extra_environment": changed,
+                                                  "dflash_gateway_settings": changed_gateway_settings(
+                                                      routed.addresses["ct200"])})
+        figures = load.stop()
+        out = " ".join(result.stdout.split())
+        assert result.returncode != 0, out[-3000:]
+        assert re.search(r"ct200: the endpoint failed the load gate through smg-gateway\.service \(figures: "
+                         r"concurrency 96: 128 requests, 0 failed, [0-9.]+ tok/s, [0-9.]+ req/s, "
+                         r".*\(previous deployment: [0-9.]+ tok/s.*\): "
+                         r"concurrency 96: [0-9.]+ tok/s is \d+% below the previous deployment's", out), \
+            out[-5000:]
+        assert ("Rolled back to their previous deployment, one at a time with the endpoint up: "
+                + ", ".join(REPLICAS)) in out, out[-5000:]
+        assert len(re.findall(r"load gate: concurrency 24: 32 requests, 0 failed", out)) == 4  # each replica's own gate
+        assert "smg-gateway.service restarted" not in out, out[-3000:]
+        assert {u: routed.ssh("ct200", "systemctl", "cat", u).stdout for u in REPLICAS} == before
+        assert {u: json.loads(routed.ssh("ct200", "cat", f"/var/lib/dflash-infra/{u[:-8]}/deployment.json").stdout)
+                ["deployed_at"] for u in REPLICAS} == deployed
+        assert json.loads(routed.ssh("ct200", "cat", GATEWAY_LOAD).stdout) == faster  # a failed gate records nothing
+        print(f"\nrolled back through the gateway's load gate under load: {figures['requests']} requests, "
+              f"{figures['failed']} failed")
+        assert figures["requests"] > 50 and figures["failed"] == 0, figures
+    finally:
+        routed.put("ct200", tmp_path / "recorded.json", GATEWAY_LOAD)
+
+
 def group_play(limit: str, *args: str, extra: dict[str, Any] | None = None,
                playbook: str = "deploy_dflash.yml") -> subprocess.CompletedProcess[str]:
     """deploy_dflash.yml (or `playbook`) on the hosts of `limit` (a serving group of several hosts is deployed
@@ -609,23 +618,23 @@ def test_a_second_host_serves_the_same_endpoint_behind_ct200s_gateway_and_rolls_
         before = routed.ssh("ct201", "systemctl", "cat", "sglang-qwen-r0.service").stdout
         rolled = group_play("ct200,ct201", extra={"dflash_plan_overrides": (
             "{{ {'max_running_requests': 20} if inventory_hostname == 'ct201' else {} }}")})
-        out = " ".join(rolled.stdout.split())
-        assert rolled.returncode == 0, out[-5000:]
-        # ct200's one change: the figures of the load gate through its gateway, which ct201's restart made it run.
-        assert host_recap(rolled, "ct200")["changed"] == 1, out[-3000:]
-        assert re.search(r"ct200 \(pro6000\):.* through the gateway, load at concurrency 96: 128 requests, 0 failed",
-                         out), out[-3000:]
-        assert re.search(r"--max-running-requests\s+20", routed.ssh("ct201", "systemctl", "cat",
-                                                                    "sglang-qwen-r0.service").stdout)
-        summary = (f"serving: http://{ct200}:30000/v1 (Qwen3.6-27B) through smg-gateway.service on ct200, 1 replica(s) "
-                   f"replica 0: sglang-qwen-r0.service on GPUs 0,1 at {worker}, drained, restarted and added back")
-        assert summary in out, out[-3000:]
-        assert "smg-gateway.service (also fronting ct201), 4 replica(s)" in out, out[-3000:]
+        forward = routed.ssh("ct201", "systemctl", "cat", "sglang-qwen-r0.service").stdout
         # ct201 alone rolls its replica back on demand, drained and added back on ct200's gateway.
         back = subprocess.run([tool("ansible-playbook"), "-i", "inventory/lab", "-l", "ct201", "playbooks/rollback.yml",
                                "-e", "dflash_rollback=replicas"], cwd=ROOT, env=ansible_environment(),
                               capture_output=True, text=True)
         figures = load.stop()
+        out = " ".join(rolled.stdout.split())
+        assert rolled.returncode == 0, out[-5000:]
+        # ct200's one change: the figures of the load gate through its gateway, which ct201's restart made it run.
+        assert host_recap(rolled, "ct200")["changed"] == 1, out[-3000:]
+        assert re.search(r"ct200 \(pro6000\):.* through the gateway, load at concurrency \d+: \d+ requests, 0 failed",
+                         out), out[-3000:]
+        assert re.search(r"--max-running-requests\s+20", forward)
+        summary = (f"serving: http://{ct200}:30000/v1 (Qwen3.6-27B) through smg-gateway.service on ct200, 1 replica(s) "
+                   f"replica 0: sglang-qwen-r0.service on GPUs 0,1 at {worker}, drained, restarted and added back")
+        assert summary in out, out[-3000:]
+        assert "smg-gateway.service (also fronting ct201), 4 replica(s)" in out, out[-3000:]
         out = " ".join(back.stdout.split())
         assert back.returncode == 0, out[-5000:]
         assert re.search(r"TASK \[Take the replica out of the gateway \(its requests finish first\), "
