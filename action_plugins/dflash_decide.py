@@ -7,7 +7,8 @@ arguments) and:
 
 - fails when `problems` (a list of strings) is not empty, with `fail_msg` and every problem, before anything changes;
 - otherwise returns the mapping `decided` as the keys of its result, so the stage registers it
-  (`register: _stage`, then `_stage.todo`, `_stage.record`), and says `msg` when given.
+  (`register: _stage`, then `_stage.todo`, `_stage.record`), and says `msg` when given (printed under the task, as
+  `debug` would: the default callback shows an ok result's keys only with -v).
 
 It runs nothing on the host and never reports changed. Registered, not set as facts: this project keeps facts under
 `ansible_facts` (inject_facts_as_vars = False), and a registered result is a variable of the host like a set_fact.
@@ -19,6 +20,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from ansible.plugins.action import ActionBase
+from ansible.utils.display import Display
+
+display = Display()
 
 # Keys Ansible gives a meaning in a task result: a decision must not be named like them.
 RESERVED = frozenset({"changed", "failed", "skipped", "msg", "rc", "results", "invocation", "ansible_facts",
@@ -58,4 +62,7 @@ class ActionModule(ActionBase):  # type: ignore[misc]  # ansible ships no type i
 
     def run(self, tmp: str | None = None, task_vars: dict[str, Any] | None = None) -> dict[str, Any]:
         result: dict[str, Any] = super().run(tmp, task_vars)
-        return {**result, **decide(self._task.args)}
+        outcome = decide(self._task.args)
+        if outcome.get("msg") and not outcome.get("failed"):
+            display.display(str(outcome["msg"]))
+        return {**result, **outcome}

@@ -44,6 +44,7 @@ def test_in_a_play_the_decision_is_registered_and_a_problem_stops_the_play(tmp_p
       dflash_decide:
         problems: "{{ [] if workers | length > 0 else ['no workers'] }}"
         fail_msg: "{{ inventory_hostname }}:"
+        msg: "{{ inventory_hostname }} decided on {{ workers | length }} workers"
         decided:
           count: "{{ workers | length }}"
           todo: {any: "{{ workers | length > 1 }}"}
@@ -59,10 +60,12 @@ def test_in_a_play_the_decision_is_registered_and_a_problem_stops_the_play(tmp_p
             "-e", f"ansible_python_interpreter={HOST_PYTHON}", str(tmp_path / "play.yml")]
     proc = run(argv, env=ansible_env)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "localhost decided on 2 workers" in proc.stdout  # the msg is said, as a debug task would
     assert json.loads((tmp_path / "decision.json").read_text()) == {"count": 2, "todo": {"any": True},
                                                                     "changed": False}
     (tmp_path / "decision.json").unlink()
     proc = run([*argv, "-e", '{"workers": []}'], env=ansible_env)
     assert proc.returncode == 2
     assert "localhost: no workers" in proc.stdout
+    assert "decided on" not in proc.stdout  # a failure says its problems, not the msg
     assert not (tmp_path / "decision.json").exists()

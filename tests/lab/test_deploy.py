@@ -88,6 +88,7 @@ def test_deploy_on_a_fresh_lab_passes_every_gate(fresh_lab: LabHandle, tmp_path:
     ct200 = fresh_lab.addresses["ct200"]
     folded = " ".join(out.split())  # the callback folds long messages
     assert f"serving: http://{ct200}:30000/v1 (Qwen3.6-27B) through {GATEWAY}, 4 replica(s)" in folded, out[-3000:]
+    assert "ct200: synced models pass the DFlash checks; weights for the plan: " in folded, out[-3000:]
     for i in range(4):
         assert (f"replica {i}: sglang-qwen-r{i}.service on GPUs {2 * i},{2 * i + 1} at http://{ct200}:{30001 + i}, "
                 "started; gates ready") in folded, out[-3000:]
