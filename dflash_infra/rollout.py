@@ -256,17 +256,21 @@ __all__ = ["MAX_REPLICAS", "RolloutError", "converged_notes", "gateway_topology"
 
 
 def rollback_turns(state: Mapping[str, Any], all_slots: Sequence[Mapping[str, Any]], slot_urls: Sequence[str],
-                   asked: Sequence[Any] | None = None) -> dict[str, Any]:
+                   asked: Sequence[Any] | None = None, exactly: bool = False) -> dict[str, Any]:
     """The replicas an on-demand rollback puts back on their previous deployment (playbooks/rollback.yml
     -e dflash_rollback=replicas), one turn each: `turns` (index, name, url, the previous deployment's time and
     unit snapshot, the current one's time) and `problems` (each naming the replica, what was expected and found).
 
-    asked: the indices to roll back (`dflash_rollback_replicas`); None or empty: every replica that has a record.
-    A replica without a record, or whose record names no previous deployment with a unit snapshot, is a problem
-    when it was asked for, and left alone otherwise; asking for an index beyond the slots is a problem.
+    asked: the indices to roll back (`dflash_rollback_replicas`); None or empty: every replica that has a record,
+    unless `exactly` (the replicas a run restarted, playbooks/tasks/rollback_restarted.yml): then none is none, with
+    nothing to say. A replica without a record, or whose record names no previous deployment with a unit snapshot,
+    is a problem when it was asked for, and left alone otherwise; asking for an index beyond the slots is a
+    problem.
     """
     problems: list[str] = []
     wanted: list[int] | None = None
+    if exactly and not asked:
+        return {"turns": [], "problems": [], "lines": []}
     if asked:
         wanted = []
         for value in asked:

@@ -320,6 +320,11 @@ def test_an_on_demand_rollback_takes_the_replicas_whose_record_names_a_previous_
                                  "2026-12-01T10:00:00 (/var/lib/x/units/20261201-deployed)")
     # Asked for by index: only those; one with nothing to go back to is refused, naming what was found.
     assert [t["index"] for t in rollout.rollback_turns(state, all_slots, urls, [3])["turns"]] == [3]
+    # The replicas a run restarted, exactly (the load gate through the gateway failed): none restarted is none back,
+    # not every replica with a record (a gateway-only restart, or only another host's replicas restarted).
+    assert rollout.rollback_turns(state, all_slots, urls, [], exactly=True) == {"turns": [], "problems": [],
+                                                                                 "lines": []}
+    assert [t["index"] for t in rollout.rollback_turns(state, all_slots, urls, [0], True)["turns"]] == [0]
     asked = rollout.rollback_turns(state, all_slots, urls, [1, 2, 9, "x"])
     assert asked["turns"] == [] and asked["problems"] == [
         "dflash_rollback_replicas: expected replica indices 0-7, found 9",

@@ -578,7 +578,9 @@ def test_a_second_host_serves_the_same_endpoint_behind_ct200s_gateway_and_rolls_
     replicas on two containers: ct201's replica listens on its own address, ct200's gateway fronts it after its own
     four (restarted once, for its new worker list). Either host alone is refused before anything changes. A change
     of ct201's plan rolls its replica under load through ct200's gateway (drained there with the endpoint's key
-    file, restarted, gated, added back): no request fails, ct200 is untouched."""
+    file, restarted, gated, added back): no request fails, ct200 is untouched. ct201 alone rolls it back on demand;
+    the same change against figures through the gateway ten times better fails the gate on ct200, and ct201 puts
+    its replica back, drained on ct200, with the load running."""
     ct200, ct201 = routed.addresses["ct200"], routed.addresses["ct201"]
     routed.cli_ok("up", "ct201")
     try:
@@ -623,6 +625,22 @@ def test_a_second_host_serves_the_same_endpoint_behind_ct200s_gateway_and_rolls_
         back = subprocess.run([tool("ansible-playbook"), "-i", "inventory/lab", "-l", "ct201", "playbooks/rollback.yml",
                                "-e", "dflash_rollback=replicas"], cwd=ROOT, env=ansible_environment(),
                               capture_output=True, text=True)
+        # The same change again, against figures through the gateway ten times those the forward roll recorded: the
+        # gate through ct200's gateway fails, and ct201 puts the replica this run restarted back (drained on ct200).
+        recorded = routed.ssh("ct200", "cat", GATEWAY_LOAD).stdout
+        faster = json.loads(recorded)
+        faster["load"]["figures"] = [{**row, "output_tokens_per_s": row["output_tokens_per_s"] * 10}
+                                     for row in faster["load"]["figures"]]
+        (tmp_path / "faster.json").write_text(json.dumps(faster))
+        routed.put("ct200", tmp_path / "faster.json", GATEWAY_LOAD)
+        try:
+            slower = group_play("ct200,ct201", extra={"dflash_plan_overrides": (
+                "{{ {'max_running_requests': 20} if inventory_hostname == 'ct201' else {} }}")})
+            after_gate = routed.ssh("ct201", "systemctl", "cat", "sglang-qwen-r0.service").stdout
+            record_after = json.loads(routed.ssh("ct200", "cat", GATEWAY_LOAD).stdout)
+        finally:
+            (tmp_path / "recorded.json").write_text(recorded)
+            routed.put("ct200", tmp_path / "recorded.json", GATEWAY_LOAD)
         figures = load.stop()
         out = " ".join(rolled.stdout.split())
         assert rolled.returncode == 0, out[-5000:]
@@ -640,6 +658,19 @@ def test_a_second_host_serves_the_same_endpoint_behind_ct200s_gateway_and_rolls_
         assert re.search(r"TASK \[Take the replica out of the gateway \(its requests finish first\), "
                          r"sglang-qwen-r0\.service\] \*+ changed: \[ct201 -> ct200", out), out[-5000:]
         assert routed.ssh("ct201", "systemctl", "cat", "sglang-qwen-r0.service").stdout == before
+        out = " ".join(slower.stdout.split())
+        assert slower.returncode != 0, out[-5000:]
+        assert re.search(r"ct200: the endpoint failed the load gate through smg-gateway\.service \(figures: "
+                         r"concurrency \d+: \d+ requests, 0 failed, .*% below the previous deployment's",
+                         out), out[-5000:]
+        assert ("No replica of ct200 was rolled back. The replicas of ct201 that this run restarted go back next, "
+                "each host one replica at a time.") in out, out[-5000:]
+        assert re.search(r"TASK \[Take the replica out of the gateway \(its requests finish first\), "
+                         r"sglang-qwen-r0\.service\] \*+ changed: \[ct201 -> ct200", out), out[-5000:]
+        assert ("ct201: the endpoint failed the load gate through smg-gateway.service on ct200 (its figures are in its "
+                "failure). Rolled back to their previous deployment, one at a time with the endpoint up: "
+                "sglang-qwen-r0.service.") in out, out[-5000:]
+        assert after_gate == before and record_after == faster  # back on its unit; a failed gate records nothing
         workers = {w["url"]: w for w in json.loads(routed.ssh("ct200", *ctl).stdout)["workers"]}
         assert workers[worker]["status"] == "ready" and workers[worker]["healthy"], workers[worker]
         print(f"\nct201 rolled forward and back under load behind ct200's gateway: {figures['requests']} requests, "
