@@ -7,8 +7,9 @@ arguments) and:
 
 - fails when `problems` (a list of strings) is not empty, with `fail_msg` and every problem, before anything changes;
 - otherwise returns the mapping `decided` as the keys of its result, so the stage registers it
-  (`register: _stage`, then `_stage.todo`, `_stage.record`), and says `msg` when given (printed under the task, as
-  `debug` would: the default callback shows an ok result's keys only with -v).
+  (`register: _stage`, then `_stage.todo`, `_stage.record`), and says `msg` when given: in the result, and printed
+  under the task when the stdout callback is the default one (which shows an ok result's keys only with -v); a
+  machine-readable callback (json) keeps its output clean.
 
 It runs nothing on the host and never reports changed. Registered, not set as facts: this project keeps facts under
 `ansible_facts` (inject_facts_as_vars = False), and a registered result is a variable of the host like a set_fact.
@@ -19,6 +20,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from ansible import constants as C
 from ansible.plugins.action import ActionBase
 from ansible.utils.display import Display
 
@@ -63,6 +65,7 @@ class ActionModule(ActionBase):  # type: ignore[misc]  # ansible ships no type i
     def run(self, tmp: str | None = None, task_vars: dict[str, Any] | None = None) -> dict[str, Any]:
         result: dict[str, Any] = super().run(tmp, task_vars)
         outcome = decide(self._task.args)
-        if outcome.get("msg") and not outcome.get("failed"):
+        if outcome.get("msg") and not outcome.get("failed") and \
+                C.DEFAULT_STDOUT_CALLBACK in ("default", "ansible.builtin.default"):
             display.display(str(outcome["msg"]))
         return {**result, **outcome}

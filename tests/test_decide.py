@@ -61,6 +61,8 @@ def test_in_a_play_the_decision_is_registered_and_a_problem_stops_the_play(tmp_p
     proc = run(argv, env=ansible_env)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "localhost decided on 2 workers" in proc.stdout  # the msg is said, as a debug task would
+    quiet = run(argv, env={**ansible_env, "ANSIBLE_STDOUT_CALLBACK": "json"})  # and kept out of machine output
+    assert quiet.returncode == 0 and json.loads(quiet.stdout)["stats"]["localhost"]["failures"] == 0, quiet.stdout
     assert json.loads((tmp_path / "decision.json").read_text()) == {"count": 2, "todo": {"any": True},
                                                                     "changed": False}
     (tmp_path / "decision.json").unlink()
