@@ -8,8 +8,8 @@ arguments) and:
 - fails when `problems` (a list of strings) is not empty, with `fail_msg` and every problem, before anything changes;
 - otherwise returns the mapping `decided` as the keys of its result, so the stage registers it
   (`register: _stage`, then `_stage.todo`, `_stage.record`), and says `msg` when given: in the result, and printed
-  under the task when the stdout callback is the default one (which shows an ok result's keys only with -v); a
-  machine-readable callback (json) keeps its output clean.
+  under the task when the stdout callback is the default one or ansible-runner's (which show an ok result's keys
+  only with -v); a machine-readable callback (json) keeps its output clean.
 
 It runs nothing on the host and never reports changed. Registered, not set as facts: this project keeps facts under
 `ansible_facts` (inject_facts_as_vars = False), and a registered result is a variable of the host like a set_fact.
@@ -25,6 +25,9 @@ from ansible.plugins.action import ActionBase
 from ansible.utils.display import Display
 
 display = Display()
+# The stdout callbacks that print task results for people: the default one, and ansible-runner's (its events carry
+# the default callback's lines). Any other (json, ...) gets the msg in the result only.
+HUMAN_CALLBACKS = frozenset({"default", "ansible.builtin.default", "awx_display"})
 
 # Keys Ansible gives a meaning in a task result: a decision must not be named like them.
 RESERVED = frozenset({"changed", "failed", "skipped", "msg", "rc", "results", "invocation", "ansible_facts",
@@ -66,6 +69,6 @@ class ActionModule(ActionBase):  # type: ignore[misc]  # ansible ships no type i
         result: dict[str, Any] = super().run(tmp, task_vars)
         outcome = decide(self._task.args)
         if outcome.get("msg") and not outcome.get("failed") and \
-                C.DEFAULT_STDOUT_CALLBACK in ("default", "ansible.builtin.default"):
+                C.DEFAULT_STDOUT_CALLBACK in HUMAN_CALLBACKS:
             display.display(str(outcome["msg"]))
         return {**result, **outcome}
