@@ -135,8 +135,11 @@ def plan_table(result: Mapping[str, Any]) -> str:
         lines.append(label + " ".join(result["args"]))
     for replica in result.get("replicas") or []:
         lines.append(f"replica {replica['index']}: GPUs {replica['cuda_visible_devices']} at {replica['url']}")
-    if result.get("gateway"):
-        lines.append("gateway argv: smg launch " + " ".join(result["gateway"]["args"]))
+    gateway = result.get("gateway")
+    if gateway and (gateway.get("settings") or {}).get("remote"):
+        lines.append(f"gateway: another host's, which fronts these replicas at {', '.join(gateway['workers'])}")
+    elif gateway:
+        lines.append("gateway argv: smg launch " + " ".join(gateway["args"]))
     for w in result.get("warnings", []):
         lines.append(f"WARNING: {w}")
     for e in result.get("errors", []):

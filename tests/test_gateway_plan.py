@@ -65,6 +65,11 @@ def test_replicas_another_hosts_gateway_fronts_listen_where_it_reaches_them() ->
         ("0.0.0.0", "http://ct201.internal:30002", "http://127.0.0.1:30002")]
     assert replicas[0]["args"][replicas[0]["args"].index("--host") + 1] == "0.0.0.0"
     assert plan["gateway"]["workers"] == [r["url"] for r in replicas]
+    # Its table names the gateway that fronts them, not an smg argv of its own (it runs none).
+    table = plan_table(plan)
+    assert "gateway argv" not in table and ("gateway: another host's, which fronts these replicas at "
+                                            "http://ct201.internal:30001, http://ct201.internal:30002, ") in table
+    assert "gateway argv: smg launch --host" in plan_table(planned(gateway={}))
     # The lab's shape: the container's own address, which is also what the gateway reaches.
     lab = planned(gateway={"remote": True, "worker_host": "127.0.201.1", "worker_address": "127.0.201.1"})
     assert lab["errors"] == [] and lab["replicas"][0]["url"] == lab["replicas"][0]["local_url"] == \
@@ -109,7 +114,11 @@ def test_the_eval_host_is_one_replica_behind_its_gateway() -> None:
     ({"worker_base_port": 70000}, {}, "gateway.worker_base_port: expected a TCP port (1-65535), found 70000"),
     ({"retry_max_retries": 0}, {}, "gateway.retry_max_retries: expected a whole number >= 1, found 0"),
     ({"drain_settle_secs": 0}, {}, "gateway.drain_settle_secs: expected a whole number >= 1, found 0"),
-    ({"health_check_endpoint": "health"}, {}, "gateway.health_check_endpoint: expected a path, found 'health'"),
+    ({"health_check_endpoint": "health"}, {}, "gateway.health_check_endpoint: expected one of the engine's health "
+     "routes (/health, /health_generate), found 'health'"),
+    ({"health_check_endpoint": "/no-such-path"}, {}, "gateway.health_check_endpoint: expected one of the engine's "
+     "health routes (/health, /health_generate), found '/no-such-path': smg 1.13 keeps routing to a worker whose "
+     "health check fails"),
     ({"worker_base_port": 29997}, {}, "gateway: replica 3's port 30000 is also the gateway's port"),
     ({"worker_base_port": 65534}, {}, "gateway: replica 2's port would be 65536, beyond 65535"),
     ({"prometheus_port": 30002}, {}, "gateway: replica 1's port 30002 is also the gateway's metrics port"),

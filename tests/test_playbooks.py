@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 
 import pytest
+import yaml
 
 from helpers import ROOT, run, tool
 
@@ -83,6 +84,9 @@ def test_stage_playbooks_pass_no_role_variables(entry: str) -> None:
     for play in yaml.safe_load((ROOT / "playbooks" / entry).read_text()):
         assert "vars" not in play and play.get("tags")
         steps = play.get("roles", []) + play.get("tasks", [])
+        # The block that holds the changes after the deploy lock (its `always` gives the lock back): its steps.
+        steps = [inner for step in steps for inner in (step.get("block", []) + step.get("always", [])
+                                                        if "block" in step else [step])]
         assert steps and all("vars" not in step for step in steps)
         assert all(set(step) <= {"role", "name", "ansible.builtin.import_role", "ansible.builtin.include_role",
                                  "ansible.builtin.import_tasks"} for step in steps)
@@ -112,3 +116,32 @@ def test_a_host_joins_another_hosts_endpoint_with_one_inventory_variable(ansible
     assert "replica 3: GPUs 6,7 at http://127.0.0.1:30004" in proc.stdout  # ct200's, on loopback
     assert "replica 0: GPUs 0,1 at http://ct201.internal:30001" in proc.stdout
     assert "--host 0.0.0.0 --port 30001" in proc.stdout and "UNREACHABLE" not in proc.stdout  # ct201's replica
+
+
+def _takes_the_lock(task: dict) -> bool:
+    return str(task.get("ansible.builtin.import_tasks", "")).endswith("tasks/lock.yml")
+
+
+LOCKING = sorted(p.relative_to(ROOT).as_posix()
+                 for p in [ROOT / "deploy_dflash.yml", *(ROOT / "playbooks").glob("*.yml")]
+                 if "tasks/lock.yml" in p.read_text())
+
+
+def test_every_playbook_that_changes_a_container_takes_the_deploy_lock() -> None:
+    assert {"deploy_dflash.yml", "playbooks/canary.yml", "playbooks/rollback.yml", "playbooks/serve.yml",
+            "playbooks/stop_serving.yml"} <= set(LOCKING), LOCKING
+
+
+@pytest.mark.parametrize("entry", LOCKING)
+def test_a_playbook_that_takes_the_deploy_lock_gives_it_back_failed_or_not(entry: str) -> None:
+    """Everything after the lock runs in one block whose `always` gives it back (tasks/unlock.yml): a failed run
+    leaves no lock behind for the next one, from any controller, to wait out."""
+    plays = [play for play in yaml.safe_load((ROOT / entry).read_text()) if any(map(_takes_the_lock, play["tasks"]))]
+    assert plays, entry
+    for play in plays:
+        tasks = play["tasks"]
+        after = tasks[next(i for i, t in enumerate(tasks) if _takes_the_lock(t)) + 1:]
+        assert len(after) == 1 and "block" in after[0], f"{entry}: after the lock: {[t.get('name') for t in after]}"
+        always = [str(t.get("ansible.builtin.import_tasks", "")) for t in after[0].get("always", [])]
+        assert [a.rsplit("/", 1)[-1] for a in always] == ["unlock.yml"], always
+        assert "unlock.yml" not in str(after[0]["block"])

@@ -18,6 +18,9 @@ from typing import Any
 # smg 1.13.0's --policy choices for a regular (not disaggregated) router (COMMON_POLICY_CHOICES).
 POLICIES = ("random", "round_robin", "passthrough", "cache_aware", "power_of_two", "least_load", "manual",
             "consistent_hashing", "prefix_hash")
+# The routes SGLang's HTTP server answers for a health check (srt/entrypoints/http_server.py): the gateway's health
+# check must ask one of them.
+ENGINE_HEALTH_PATHS = ("/health", "/health_generate")
 # The endpoint itself (host, port) is the request's `serve` section, as without a gateway.
 DEFAULTS: dict[str, Any] = {
     "worker_host": "127.0.0.1",  # where the replicas listen: only the gateway (on the same host) reaches them
@@ -131,8 +134,10 @@ def validate(raw: Any, serve: Mapping[str, Any], errors: list[str]) -> Gateway |
         if settings["worker_address"] not in ("", settings["worker_host"]):
             errors.append(f"gateway.worker_address: {settings['worker_address']!r} is only for replicas a gateway on "
                           "another host fronts (remote: true)")
-    if not str(settings["health_check_endpoint"]).startswith("/"):
-        errors.append(f"gateway.health_check_endpoint: expected a path, found {settings['health_check_endpoint']!r}")
+    if settings["health_check_endpoint"] not in ENGINE_HEALTH_PATHS:
+        errors.append(f"gateway.health_check_endpoint: expected one of the engine's health routes "
+                      f"({', '.join(ENGINE_HEALTH_PATHS)}), found {settings['health_check_endpoint']!r}: smg 1.13 "
+                      "keeps routing to a worker whose health check fails, so another path only fills its log")
     if len(errors) > before or not isinstance(port, int):
         return None
     return Gateway(settings, str(host), port)

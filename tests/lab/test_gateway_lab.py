@@ -367,6 +367,8 @@ def test_a_replica_slower_than_its_previous_deployment_fails_the_load_gate_and_i
     assert {u: routed.ssh("ct200", "systemctl", "cat", u).stdout for u in REPLICAS} == before
     assert routed.ssh("ct200", "cat", "/var/lib/dflash-infra/sglang-qwen-r0/deployment.json").stdout == record
     assert figures["requests"] > 50 and figures["failed"] == 0, figures
+    # The failed run gave its deploy lock back (the `always` of the play's changes): the next run takes it at once.
+    assert routed.ssh("ct200", "test", "!", "-e", "/run/dflash-infra/deploy.lock").returncode == 0
 
 
 def test_a_replica_killed_under_load_is_routed_around_and_rejoins(routed: LabHandle, tmp_path: Path) -> None:
@@ -435,8 +437,8 @@ def test_a_changed_gateway_setting_restarts_only_the_gateway_and_the_outage_is_m
     out = " ".join(slower.stdout.split())
     assert slower.returncode != 0, out[-3000:]
     # The replicas as the earlier tests leave them: the promoted candidate's (the failed rollouts were rolled back;
-    # the replica rolled back is gated and recorded again, and the lock of the failed run taken over): no restart.
-    assert "restarted and added back" not in out, out[-3000:]
+    # the replica rolled back is gated and recorded again): no restart; the failed runs before gave their lock back.
+    assert "restarted and added back" not in out and "took over the deploy lock" not in out, out[-3000:]
     assert "ct200: the endpoint failed the load gate through smg-gateway.service (figures: " in out, out[-5000:]
     assert re.search(r"No replica of ct200 was rolled back\. smg-gateway\.service went back to the unit it ran before "
                      r"this run \(down [0-9.]+ s while it restarted\)\. Run the deploy again", out), out[-3000:]
