@@ -65,6 +65,12 @@ def engine_reserved_mib(gpu_mib: int, tp: int, chunked_prefill_size: int, cuda_g
     return reserved
 
 
+def engine_fraction(gpu_mib: int, engine_reserved: float, vlm_factor: float) -> float:
+    """--mem-fraction-static as SGLang 0.5.23 picks it when unset (_handle_gpu_memory_settings): the share left
+    after its reserve, rounded to three places, then shrunk by the VLM factor."""
+    return round((gpu_mib - engine_reserved) / gpu_mib, 3) * vlm_factor
+
+
 def vlm_fraction_factor(model: ModelSpec) -> float:
     """adjust_mem_fraction_for_vlm: shrink the static fraction for the vision encoder's working set."""
     if not model.multimodal or not model.vision:

@@ -49,6 +49,8 @@ class Plan:
     context_length: int | None = None
     per_gpu: dict[str, float] = field(default_factory=dict)
     kv_cache_tokens: int | None = None
+    # What SGLang itself would pick on this card where the plan sets a memory setting, and why the plan's stands.
+    engine_picks: dict[str, dict[str, Any]] = field(default_factory=dict)
     speculative: dict[str, Any] = field(default_factory=dict)
     engine: dict[str, str] = field(default_factory=dict)
     # Where the engine listens and what it serves, as the argv says: the service and its gates read them here.
@@ -104,11 +106,17 @@ def plan(request: Mapping[str, Any], base: Path | None = None) -> Plan:
         return out
     out.context_length, out.kv_cache_tokens = context, chosen.kv_tokens
     out.per_gpu = sizing.per_gpu(chosen, notes)
+    out.engine_picks = sizing.engine_picks(chosen, req, notes)
 
     rendered = argv.render(req, spread, chosen, context, kernels, notes)
     out.speculative, out.args = rendered.speculative, rendered.args
     out.replicas, out.gateway = rendered.replicas, rendered.gateway
     return out
+
+
+# The plan table's labels of SGLang's own picks (sizing.engine_picks), short enough to keep the table's first column.
+PICK_LABELS = {"mem_fraction_static": "mem_fraction", "cuda_graph_max_bs_decode": "decode_graph_bs",
+               "max_running_requests": "max_running"}
 
 
 def plan_table(result: Mapping[str, Any]) -> str:
@@ -122,6 +130,10 @@ def plan_table(result: Mapping[str, Any]) -> str:
         if key in per_gpu:
             rows.append((f"per_gpu.{key}", str(per_gpu[key]),
                          result.get("reasons", {}).get("per_gpu", "") if key == "weights_gib" else ""))
+    for key, pick in (result.get("engine_picks") or {}).items():
+        rows.append((f"sglang.{PICK_LABELS.get(key, key)}", json.dumps(pick["sglang"]),
+                     f"SGLang's own pick on this card without the plan's value; the plan's {pick['plan']}: "
+                     f"{pick['why']}"))
     if result.get("speculative"):
         rows.append(("speculative", result["speculative"].get("mode", ""), result["reasons"].get("speculative", "")))
     if result.get("engine"):

@@ -44,6 +44,7 @@ class FilterModule:
             "dflash_monitoring_scrape_config": monitoring.scrape_config,
             "dflash_monitoring_unreachable": monitoring.unreachable,
             "dflash_plan_gpus": plan_inputs.plan_gpus,
+            "dflash_gpu_host_basis": plan_inputs.gpu_host_basis,
             "dflash_plan_models_from": plan_inputs.plan_models,
             "dflash_record_models": plan_inputs.manifests,
             "dflash_identity_problems": dflash_identity_problems,

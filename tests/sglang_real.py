@@ -18,6 +18,7 @@ REPO = Path(__file__).resolve().parent.parent
 CACHE = REPO / ".cache" / "sglang-parser"
 TABLE_DIR = REPO / "dflash_infra" / "data" / "sglang"
 ARGCHECK = REPO / "tools" / "sglang_argcheck.py"
+RESOLVE = REPO / "tools" / "sglang_resolve.py"
 EXTRACT = REPO / "tools" / "extract_sglang_flags.py"
 ENV_SCRIPT = REPO / "tools" / "sglang_parser_env.sh"
 
@@ -86,6 +87,19 @@ def check_argvs(version: str, argvs: list[list[str]], dflash_checks: bool = Fals
     if len(results) != len(argvs):
         raise RuntimeError(f"expected {len(argvs)} results from {ARGCHECK.name}, found {len(results)}")
     return list(results)
+
+
+def resolve(version: str, checks: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """SGLang `version`'s own resolution of each check ({argv, gpu, models?, fake?}) by tools/sglang_resolve.py, one
+    process for the batch (each check in its own forked child); results as that tool prints them."""
+    proc = subprocess.run([str(launcher(version)), str(RESOLVE)], input=json.dumps({"version": version,
+                          "checks": checks}), capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        raise RuntimeError(f"expected {RESOLVE.name} to answer; it exited {proc.returncode}:\n{proc.stderr[-4000:]}")
+    results: list[dict[str, Any]] = json.loads(proc.stdout)
+    if len(results) != len(checks):
+        raise RuntimeError(f"expected {len(checks)} results from {RESOLVE.name}, found {len(results)}")
+    return results
 
 
 @cache

@@ -73,6 +73,25 @@ def test_synced_models_run_the_planner_checks_and_take_weights_from_the_index() 
     assert any("target_layer_ids [99]" in p for p in model_checks.synced_models(described, models, {}, {})["problems"])
 
 
+@pytest.mark.parametrize("model_type", [None, "", 3])
+def test_a_drafter_config_autoconfig_would_refuse_is_refused_naming_the_key(model_type: Any) -> None:
+    """SGLang loads every draft path with transformers' AutoConfig, which refuses a config.json without
+    `model_type` (tests/test_sglang_resolution.py shows the real one refusing it): the synced drafter is refused
+    before the engine starts, naming the key and what published drafters carry."""
+    target = json.loads((DATA / "Qwen3.6-27B/config.json").read_text())
+    draft = json.loads((DATA / "Qwen3.6-27B-DFlash/config.json").read_text())
+    assert (draft["model_type"], draft["auto_map"]) == ("qwen3", {"AutoModel": "dflash.DFlashDraftModel"})
+    if model_type is None:
+        draft.pop("model_type")
+    else:
+        draft["model_type"] = model_type
+    described = [{"path": "/m/T", "present": True, "config": target, "index_total_size": 55562855904},
+                 {"path": "/m/D", "present": True, "config": draft, "weights_file_bytes": 3460500000}]
+    [problem] = model_checks.synced_models(described, MODELS, {}, {"algorithm": "dflash"})["problems"]
+    assert problem.startswith("Qwen3.6-27B-DFlash: config.json has no `model_type` key")
+    assert "AutoConfig" in problem and '"model_type": "qwen3"' in problem
+
+
 def test_plan_models_take_the_synced_config_and_index_bytes_and_compare_by_content() -> None:
     models = MODELS
     before_sync = model_checks.plan_models(models, None)

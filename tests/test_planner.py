@@ -91,6 +91,53 @@ def test_single_24gb_card_is_refused(pro6000: dict) -> None:
     assert any("does not fit" in e and "24564 MiB" in e for e in result["errors"])
 
 
+H100 = gpus(1, "NVIDIA H100 80GB HBM3", 81559, "9.0")  # the device machine's card (tests/fixtures/nvidia)
+
+
+def test_a_plan_that_does_not_fit_says_what_would_and_each_suggestion_plans(pro6000: dict) -> None:
+    """1x H100: the drafter's block of 16 leaves the linear-attention pool no request at tp 1. The refusal names the
+    largest block that fits at tp 1, the plan without speculative decoding, and the smallest TP that fits the request
+    as given; each suggestion, planned, gives the figures the refusal quoted."""
+    pro6000["gpus"] = H100
+    [error] = run(pro6000)["errors"]
+    assert error.startswith("Qwen3.6-27B does not fit on 1x NVIDIA H100 80GB HBM3 (81559 MiB): tp 1: the "
+                            "linear-attention state pool holds no request")
+    _, _, fits = error.partition(". What would fit: ")
+    block, plain, wider = fits.split("; ")
+    assert block.startswith("at tp 1: speculative.block_size 6 (draft_window >= 6) fits: ")
+    assert plain.startswith("at tp 1: speculative.algorithm none fits: ")
+    assert wider.startswith("the request as given fits at tp 2 (on 2 GPUs of 81559 MiB, the host has 1): ")
+
+    def holds(result: dict) -> str:
+        return f"{result['max_running_requests']} running request(s), context up to {result['context_length']} tokens"
+
+    smaller = run(dict(pro6000, speculative=dict(pro6000["speculative"], block_size=6)))
+    assert smaller["errors"] == [] and smaller["tp_size"] == 1 and block.endswith(holds(smaller))
+    assert run(dict(pro6000, speculative=dict(pro6000["speculative"], block_size=7)))["errors"]  # 6 is the largest
+    off = dict(pro6000, speculative={"algorithm": "none"})
+    off.pop("draft")
+    assert plain.endswith(holds(run(off)))
+    two = run(dict(pro6000, gpus=gpus(2, "NVIDIA H100 80GB HBM3", 81559, "9.0")))
+    assert two["errors"] == [] and two["tp_size"] == 2 and wider.endswith(holds(two))
+
+
+def test_a_single_a6000_is_told_the_tp_that_fits(eval_req: dict) -> None:
+    # The field failure: TP1 on a 48 GB card. The weights alone do not fit; only more GPUs help.
+    eval_req["gpus"] = gpus(1, "NVIDIA RTX A6000", 49140, "8.6")
+    [error] = run(eval_req)["errors"]
+    assert "tp 1: weights need 55.0 GiB per GPU" in error
+    assert error.endswith("What would fit: the request as given fits at tp 2 (on 2 GPUs of 49140 MiB, the host has 1): "
+                          "2 running request(s), context up to 141312 tokens")
+
+
+def test_an_override_tp_that_does_not_fit_says_what_would(eval_req: dict) -> None:
+    eval_req["overrides"] = {"tp_size": 1}
+    [error] = run(eval_req)["errors"]
+    assert error.startswith("tp 1: weights need") and error.endswith(
+        "What would fit: the request as given fits at tp 2 (on this host): 2 running request(s), context up to 141312 "
+        "tokens")
+
+
 def test_tp_override_3_names_the_head_counts(pro6000: dict) -> None:
     pro6000["overrides"] = {"tp_size": 3}
     result = run(pro6000)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import subprocess
 import sys
 
 import pytest
@@ -145,3 +146,54 @@ def test_a_playbook_that_takes_the_deploy_lock_gives_it_back_failed_or_not(entry
         always = [str(t.get("ansible.builtin.import_tasks", "")) for t in after[0].get("always", [])]
         assert [a.rsplit("/", 1)[-1] for a in always] == ["unlock.yml"], always
         assert "unlock.yml" not in str(after[0]["block"])
+
+
+def gpu_host_check(ansible_env, tmp_path, run: str | None) -> subprocess.CompletedProcess:
+    """playbooks/gpu_host_check.yml --check on localhost, a host of no inventory group, as if it were the GPU test
+    machine of a device run (tests/fixtures/nvidia/<run>): nvidia-smi replays its captures (tests/replay_nvidia_smi.py)
+    and the driver's /proc folder holds its version banner and information files. `run` None: no NVIDIA GPU at all."""
+    proc_dir = tmp_path / "proc-driver-nvidia"
+    proc_dir.mkdir()
+    env = dict(ansible_env)
+    smi = "/nonexistent/nvidia-smi"
+    if run is not None:
+        captures = ROOT / "tests" / "fixtures" / "nvidia" / run
+        (proc_dir / "version").write_text((captures / "proc-driver-nvidia-version.txt").read_text())
+        for info in captures.glob("proc-driver-nvidia-gpus-*-information.txt"):
+            bus = info.name.removeprefix("proc-driver-nvidia-gpus-").removesuffix("-information.txt")
+            (proc_dir / "gpus" / bus.replace("_", ":")).mkdir(parents=True)
+            (proc_dir / "gpus" / bus.replace("_", ":") / "information").write_text(info.read_text())
+        env["DFLASH_REPLAY_CAPTURES"] = str(captures)
+        smi = str(ROOT / "tests" / "replay_nvidia_smi.py")
+    return playbook(env, "-i", "localhost,", "-c", "local", "-e", f"ansible_python_interpreter={sys.executable}",
+                    "-e", f"dflash_nvidia_smi={smi}", "-e", f"dflash_nvidia_proc_dir={proc_dir}",
+                    "playbooks/gpu_host_check.yml", "--check")
+
+
+def test_gpu_host_check_plans_a_host_outside_every_group_on_its_own_gpus(ansible_env, tmp_path) -> None:
+    """The H200 test machine's captures: no group declares its hardware, so the play says it plans on the card
+    nvidia-smi reports and plans it (TP1), under --check, changing nothing."""
+    proc = gpu_host_check(ansible_env, tmp_path, "h200-device-run")
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+    assert ("localhost is in no group with dflash_expected_hardware: planned on its own GPUs\n        as nvidia-smi "
+            "reports them, 1x NVIDIA H200 (143771 MiB, compute capability 9.0).") in proc.stdout
+    assert "tp_size                 1" in proc.stdout and "changed=0" in proc.stdout
+
+
+def test_gpu_host_check_on_the_h100_says_what_would_fit(ansible_env, tmp_path) -> None:
+    proc = gpu_host_check(ansible_env, tmp_path, "h100-device-run")
+    assert proc.returncode != 0
+    assert "1x NVIDIA H100 80GB HBM3 (81559 MiB, compute capability\n        9.0)." in proc.stdout
+    # The play failed where run.sh expects (the planner's refusal for this card), nowhere before it.
+    before = proc.stdout.split("\nfatal:")[0]
+    assert before[before.rindex("TASK ["):].startswith("TASK [serving_plan : Compute the deployment plan]")
+    assert "What would fit: at tp 1: speculative.block_size 6 (draft_window >= 6) fits" in proc.stdout
+    assert "undefined" not in proc.stdout
+
+
+def test_gpu_host_check_refuses_a_host_without_an_nvidia_gpu_saying_so(ansible_env, tmp_path) -> None:
+    proc = gpu_host_check(ansible_env, tmp_path, None)
+    assert proc.returncode != 0
+    assert ("localhost has no NVIDIA GPU to check: nvidia-smi: nvidia-smi is not installed\n        (no NVIDIA "
+            "user-space utilities); /proc/driver/nvidia/gpus lists none.") in proc.stdout
+    assert "undefined" not in proc.stdout and "Check the NVIDIA user space" not in proc.stdout

@@ -3,7 +3,9 @@
 #
 # Layout (all under .cache/sglang-parser/, git-ignored):
 #   venv/                 Python 3.11 venv: sglang 0.5.23 installed --no-deps, CPU torch and the
-#                         import-time dependencies of sglang.srt.server_args, pinned below
+#                         import-time dependencies of sglang.srt.server_args, pinned below, plus the
+#                         pure-Python packages its resolution rules import (RESOLUTION, --no-deps;
+#                         tools/sglang_resolve.py)
 #   0.5.19/               the sglang 0.5.19 wheel unzipped; put first on PYTHONPATH to load 0.5.19
 #   wheels/               the sglang wheels as downloaded, checked against the sha256 pins below
 #   bin/python-<version>  launchers: the venv's python with the right sglang on the path
@@ -38,11 +40,17 @@ declare -A WHEEL_SHA256=(
 # Import-time dependencies of sglang.srt.server_args (0.5.23 and 0.5.19) and everything they pull
 # in, pinned exactly. torch==2.13.0 also matches the local 2.13.0+cpu wheel, which pip prefers.
 # triton 3.7.1 is the one PyPI's torch 2.13.0 pins, so both torch builds resolve the same set.
-# openai, partial-json-parser and xgrammar are needed by 0.5.19 only.
+# openai, partial-json-parser and xgrammar are needed by 0.5.19 only. transformers is the version 0.5.23 pins.
 TOP_LEVEL=(
   torch==2.13.0 triton==3.7.1
   msgspec numpy orjson psutil pybase64 requests packaging pillow starlette pydantic pyzmq tqdm
   ipython aiohttp openai partial-json-parser xgrammar
+)
+# What 0.5.23's resolution pipeline (ServerArgs.resolve_once, check_server_args) imports beyond the parser: model
+# config and quantization modules. Pure Python, installed --no-deps (their own dependencies are above); the versions
+# 0.5.23 pins where it pins one (compressed-tensors, sentencepiece).
+RESOLUTION=(
+  compressed-tensors==0.18.0 dill==0.4.1 einops==0.8.2 gguf==0.19.0 loguru==0.7.3 sentencepiece==0.2.1
 )
 read -r -d '' CONSTRAINTS <<'EOF' || true
 aiohappyeyeballs==2.7.1
@@ -115,7 +123,7 @@ tokenizers==0.23.3
 torch==2.13.0
 tqdm==4.70.1
 traitlets==5.16.1
-transformers==5.24.0
+transformers==5.19.0
 triton==3.7.1
 truststore==0.10.5
 typer==0.29.2
@@ -232,11 +240,15 @@ build() {
   log "installing pinned import-time dependencies (torch, triton, ...)"
   pip_quiet install "${find_links[@]}" --constraint "$constraints" "${TOP_LEVEL[@]}"
 
+  log "installing what the resolution rules import (--no-deps)"
+  pip_quiet install --no-deps "${RESOLUTION[@]}"
+
   local wheel
   wheel="$(download_wheel "$PRIMARY_VERSION")"
   log "installing $(basename "$wheel") --no-deps"
   pip_quiet install --no-deps "$wheel"
-  write_launcher "$PRIMARY_VERSION" ""
+  # The stand-ins of tests/stubs (an inert torchvision) on the path: the resolution rules' imports name it.
+  write_launcher "$PRIMARY_VERSION" "$STUBS"
 
   for v in "${UNZIPPED_VERSIONS[@]}"; do
     wheel="$(download_wheel "$v")"

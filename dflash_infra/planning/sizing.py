@@ -225,6 +225,30 @@ def context_length(chosen: Layout, request: Request, notes: Notes) -> int | None
     return context
 
 
+def engine_picks(chosen: Layout, request: Request, notes: Notes) -> dict[str, dict[str, Any]]:
+    """What SGLang 0.5.23 picks on this card for the memory settings the plan sets, beside the plan's value and
+    why the plan's stands. tests/test_sglang_resolution.py holds each `sglang` figure against the release's own
+    resolution of the argv without the plan's flag."""
+    engine_fraction = memory.engine_fraction(chosen.gpu_mib, chosen.engine_reserved_mib, chosen.vlm_factor)
+    picks: dict[str, dict[str, Any]] = {
+        "mem_fraction_static": {
+            "sglang": round(engine_fraction, 4), "plan": chosen.fraction,
+            "why": (f"SGLang reserves {chosen.engine_reserved_mib:.0f} MiB for one model's activations and graphs; "
+                    f"the plan also keeps {chosen.draft_reserved_mib:.0f} MiB for the draft worker's"
+                    if chosen.draft_reserved_mib else "the plan's is SGLang's heuristic, rounded down")},
+        "cuda_graph_max_bs_decode": {
+            "sglang": chosen.cuda_graph_max_bs, "plan": min(chosen.cuda_graph_max_bs, chosen.max_running),
+            "why": "no decode graph larger than the requests that can run (each captured graph costs memory)"},
+    }
+    if request.speculative.enabled:
+        picks["max_running_requests"] = {
+            "sglang": ENGINE_MAX_RUNNING_SPEC, "plan": chosen.max_running,
+            "why": ("what the linear-attention pool holds with the speculative scratch of each request"
+                    if request.target.is_hybrid else "SGLang's speculative default, restated")}
+    notes.reasons["engine_picks"] = "SGLang 0.5.23's own choice on this card without the plan's flag"
+    return picks
+
+
 def per_gpu(chosen: Layout, notes: Notes) -> dict[str, float]:
     """The plan's per-GPU split in GiB (and the KV bytes of one token)."""
     reserved_gib = (chosen.gpu_mib * MIB - chosen.static_bytes) / GIB

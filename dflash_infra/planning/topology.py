@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from dflash_infra.planning import fit
 from dflash_infra.planning.notes import Notes
 from dflash_infra.planning.sizing import Layout, MemoryModel
 from dflash_infra.planning.validate import Request
@@ -52,6 +53,12 @@ def _meets(lay: Layout, capacity: dict[str, Any]) -> bool:
             and lay.kv_tokens_free >= int(capacity["min_kv_cache_tokens"]))
 
 
+def _what_fits(request: Request, model: MemoryModel, tps: list[int] | None = None) -> str:
+    """The planner's nearest requests that fit (planning/fit.py), as the end of a refusal."""
+    found = fit.suggestions(request, model, tps)
+    return (". What would fit: " + "; ".join(found)) if found else ". Nothing nearby fits: use larger GPUs"
+
+
 def _tp_override(request: Request, model: MemoryModel, notes: Notes) -> TpChoice:
     """overrides.tp_size: taken as given when both models and the host allow it."""
     gpus = request.gpus
@@ -63,7 +70,8 @@ def _tp_override(request: Request, model: MemoryModel, notes: Notes) -> TpChoice
         notes.errors.append(f"overrides.tp_size {tp} is not possible: " + "; ".join(problems))
         return TpChoice(None, [])
     chosen = model.layout(tp)
-    notes.errors.extend(chosen.problems)
+    if chosen.problems:
+        notes.errors.append("; ".join(chosen.problems) + _what_fits(request, model, [tp]))
     notes.reasons["tp_size"] = "override; valid for both models' head counts"
     return TpChoice(chosen, [])
 
@@ -104,7 +112,7 @@ def _tp_search(request: Request, model: MemoryModel, notes: Notes) -> TpChoice:
         return TpChoice(chosen, candidates)
     detail = "; ".join("; ".join(c["problems"]) for c in candidates)
     notes.errors.append(f"{request.target.name} does not fit on {len(gpus)}x {gpus[0].name} "
-                        f"({model.gpu_mib} MiB): {detail}")
+                        f"({model.gpu_mib} MiB): {detail}" + _what_fits(request, model))
     return TpChoice(None, candidates)
 
 

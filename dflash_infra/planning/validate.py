@@ -194,9 +194,21 @@ def _model(section: Any, label: str, base: Path | None, errors: list[str]) -> tu
     return spec, float(weights) if weights else None
 
 
+def autoconfig_problems(model: ModelSpec) -> list[str]:
+    """Why transformers' AutoConfig, which SGLang loads every model and draft path with, would refuse this
+    config.json (empty when it loads): it needs a `model_type` naming a config class."""
+    model_type = model.raw.get("model_type")
+    if isinstance(model_type, str) and model_type.strip():
+        return []
+    return [f"{model.name}: config.json has no `model_type` key (found {model_type!r}); SGLang loads it with "
+            "transformers' AutoConfig, which refuses such a file (\"Should have a `model_type` key in its "
+            "config.json\"). Published DFlash drafters carry \"model_type\": \"qwen3\" and \"auto_map\": "
+            "{\"AutoModel\": \"dflash.DFlashDraftModel\"}; use the published config.json"]
+
+
 def dflash_problems(target: ModelSpec, draft: ModelSpec, spec: Mapping[str, Any]) -> list[str]:
     """Why this drafter cannot draft for this target with these settings (empty when it can)."""
-    problems = []
+    problems = autoconfig_problems(draft)
     if not draft.is_dflash_drafter:
         problems.append(f"{draft.name}: architecture {draft.architecture} is not a DFlash drafter "
                         f"(expected DFlashDraftModel)")
