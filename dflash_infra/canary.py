@@ -22,12 +22,10 @@ from typing import Any
 
 import yaml  # ansible's dependency, on every controller
 
-from dflash_infra import loadgate
+from dflash_infra import loadgate, serving
 
 KEYS = ("speculative", "plan_overrides", "environment")
 ENGINE_FLAGS = "engine_flags"  # the plan override dflash_infra.planning.engine_flags renders
-# Environment the deploy owns: a candidate cannot set the engine's key or move it to other GPUs.
-RESERVED_ENVIRONMENT = ("SGLANG_API_KEY", "CUDA_VISIBLE_DEVICES")
 
 
 def candidate(value: Any) -> dict[str, Any]:
@@ -53,10 +51,9 @@ def candidate(value: Any) -> dict[str, Any]:
             problems.append(f"candidate.{key}: expected a mapping, found {type(part).__name__}")
             part = {}
         out[key] = dict(part)
+    problems += serving.environment_problems(out["environment"], "candidate.environment")
     for name, setting in out["environment"].items():
-        if name in RESERVED_ENVIRONMENT:
-            problems.append(f"candidate.environment.{name}: set by the deploy itself, not by a candidate")
-        elif not isinstance(setting, str):
+        if not isinstance(setting, str) and not any(p.startswith(f"candidate.environment.{name}:") for p in problems):
             problems.append(f"candidate.environment.{name}: expected a string, found {type(setting).__name__} "
                             f"(quote it: \"{setting}\")")
     if not any(out[key] for key in KEYS):

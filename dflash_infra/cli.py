@@ -20,12 +20,16 @@ from dflash_infra.planner import plan_dict, plan_table
 
 def _read(path: str) -> tuple[str, str]:
     """(text, label) of a file or of stdin for '-'."""
-    if path == "-":
-        return sys.stdin.read(), "<stdin>"
+    label = "<stdin>" if path == "-" else path
     try:
-        return Path(path).read_text(), path
+        data = sys.stdin.buffer.read() if path == "-" else Path(path).read_bytes()
     except OSError as exc:
         raise parsers.ParseError(path, f"cannot read ({exc.strerror})") from exc
+    try:
+        return data.decode("utf-8"), label
+    except UnicodeDecodeError as exc:
+        raise parsers.ParseError(label, f"expected UTF-8 text, found a byte {data[exc.start]:#04x} that is not "
+                                        f"(at offset {exc.start})") from exc
 
 
 def _fields(value: str | None) -> list[str] | None:
@@ -36,6 +40,8 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     text, label = _read(args.file)
     try:
         request = yaml.safe_load(text)
+    except RecursionError as exc:
+        raise parsers.ParseError(label, "expected a JSON or YAML request, found one nested too deeply") from exc
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""

@@ -95,13 +95,21 @@ class FlagTable:
 
 
 @cache
-def flag_table(version: str) -> FlagTable:
-    """The table of a supported release, or of a build of it that has its own table (see table_name)."""
+def table_data(version: str) -> dict[str, Any]:
+    """The extracted table of a release as stored (options, the parser's own settings); KeyError when unknown."""
     name = table_name(version)
     path = DATA / "sglang" / f"{name}.json"
     if not path.is_file():
         raise KeyError(name)
-    data = json.loads(path.read_text())
+    data: dict[str, Any] = json.loads(path.read_text())
+    return data
+
+
+@cache
+def flag_table(version: str) -> FlagTable:
+    """The table of a supported release, or of a build of it that has its own table (see table_name)."""
+    name = table_name(version)
+    data = table_data(version)
     visible: set[str] = set()
     hidden: set[str] = set()
     options: dict[str, Mapping[str, Any]] = {}

@@ -79,7 +79,8 @@ def plan_models(models: Mapping[str, Mapping[str, Any]], state: Mapping[str, Any
     """The planner's target and draft sections: the host's verified copies where it has them, the catalogue's
     published config and sizes before the first sync; no draft when speculative decoding is off."""
     chosen = model_checks.plan_models(models, synced_from_state(state))
-    if str(speculative.get("algorithm", "dflash")) == "none":
+    # A speculative section that is not an object is the planner's to refuse, naming it (planning/schema.py).
+    if isinstance(speculative, Mapping) and str(speculative.get("algorithm", "dflash")) == "none":
         chosen.pop("draft", None)
     return chosen
 

@@ -318,18 +318,59 @@ def gateway_paths(name: str, secrets_dir: str, libexec_dir: str) -> dict[str, An
 
 
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+# Environment the deploy owns, refused in every environment input a team sets (sglang_service_extra_environment, a
+# canary's candidate): the engine's and the gateway's keys and credentials, the GPUs the plan gives a replica, the
+# gateway's drain setting from the plan, and what changes which code the interpreter or the loader runs.
+RESERVED_ENVIRONMENT = ("SGLANG_API_KEY", "SGLANG_ADMIN_API_KEY", "CREDENTIALS_DIRECTORY", "CUDA_VISIBLE_DEVICES",
+                        "SMG_DRAIN_SETTLE_SECS")
+RESERVED_ENVIRONMENT_PREFIXES = ("LD_", "PYTHON")
+
+
+def environment_problems(env: Any, where: str) -> list[str]:
+    """Why an environment input (`where` names it) cannot be used: not a mapping, a name that is not a variable
+    name or that the deploy owns, a value that is not one line of text. Empty when it can."""
+    if env is None:
+        return []
+    if not isinstance(env, Mapping):
+        return [f"{where}: expected a mapping of variable -> value, found {type(env).__name__}"]
+    problems = []
+    for name, value in env.items():
+        if not isinstance(name, str) or not _ENV_NAME.match(name):
+            problems.append(f"{where}: expected a variable name such as NCCL_DEBUG, found {name!r}")
+        elif name in RESERVED_ENVIRONMENT or name.startswith(RESERVED_ENVIRONMENT_PREFIXES):
+            problems.append(f"{where}.{name}: the deploy owns this variable (keys and credentials come from the "
+                            "vault, the GPUs from the plan; LD_* and PYTHON* change the code that runs); remove it")
+        elif not isinstance(value, str | int | float) or isinstance(value, bool) or _CONTROL.search(str(value)):
+            problems.append(f"{where}.{name}: expected one line of text (a string or a number), found {value!r}")
+    return problems
+
+
+def environment_inputs_problems(inputs: Mapping[str, Any]) -> list[str]:
+    """environment_problems of each input, by the name it is set under ({"sglang_service_extra_environment": {...}})."""
+    return [problem for where, env in inputs.items() for problem in environment_problems(env, where)]
+
+
+def systemd_text(value: Any) -> str:
+    """Text for a unit line where systemd expands specifiers (Description=): `%` doubled; one line only."""
+    text = str(value)
+    if _CONTROL.search(text):
+        raise ServingError(f"unit text: expected one line without control characters, found {text!r}")
+    return text.replace("%", "%%")
 
 
 def systemd_environment(env: Mapping[str, Any]) -> list[str]:
-    """Environment= words ("NAME=value", quoted for systemd) in a stable order; bad names are refused."""
+    """Environment= words ("NAME=value", quoted for systemd) in a stable order; bad names are refused.
+    systemd.exec(5): specifiers (%) are expanded there, variables ($) are not, so only `%` is doubled; quotes and
+    backslashes are escaped inside the quoted word."""
     words = []
     for name in sorted(env):
         if not _ENV_NAME.match(str(name)):
             raise ServingError(f"environment: expected a variable name such as NCCL_DEBUG, found {name!r}")
         value = "" if env[name] is None else str(env[name])
-        if "\n" in value:
-            raise ServingError(f"environment {name}: expected a one-line value, found a newline")
-        escaped = value.replace("\\", "\\\\").replace('"', '\\"').replace("%", "%%").replace("$", "$$")
+        if _CONTROL.search(value):
+            raise ServingError(f"environment {name}: expected a one-line value, found a control character")
+        escaped = value.replace("\\", "\\\\").replace('"', '\\"').replace("%", "%%")
         words.append(f'"{name}={escaped}"')
     return words
 
@@ -472,6 +513,8 @@ __all__ = [
     "driver_ready_problems",
     "engine_problems",
     "engine_status",
+    "environment_inputs_problems",
+    "environment_problems",
     "exec_start_lines",
     "flags_from_help",
     "gateway_exec_start_lines",
@@ -489,5 +532,6 @@ __all__ = [
     "service_todo",
     "systemd_environment",
     "systemd_quote",
+    "systemd_text",
     "unit_argv",
 ]

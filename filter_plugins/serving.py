@@ -43,6 +43,8 @@ class FilterModule:
             "dflash_serving_paths": serving.service_paths,
             "dflash_serving_exec_start": serving.exec_start_lines,
             "dflash_serving_environment": serving.systemd_environment,
+            "dflash_systemd_text": serving.systemd_text,
+            "dflash_environment_problems": serving.environment_inputs_problems,
             "dflash_serving_record": dflash_serving_record,
             "dflash_serving_rolled_back": serving.rolled_back_record,
             "dflash_serving_engine_memory": engine_log.measure,

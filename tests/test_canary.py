@@ -25,8 +25,15 @@ def test_a_candidate_is_every_key_and_names_what_it_cannot_be() -> None:
     assert bad["problems"] == [
         "candidate: unknown keys ['enviroment']; expected speculative, plan_overrides, environment",
         "candidate.plan_overrides: expected a mapping, found str",
-        "candidate.environment.SGLANG_API_KEY: set by the deploy itself, not by a candidate",
+        "candidate.environment.SGLANG_API_KEY: the deploy owns this variable (keys and credentials come from the "
+        "vault, the GPUs from the plan; LD_* and PYTHON* change the code that runs); remove it",
         'candidate.environment.SGLANG_STANDIN_STEP_MS: expected a string, found int (quote it: "10")']
+    # One reserved list for every environment input (dflash_infra/serving.py), the admin key and the loader too.
+    owned = canary.candidate({"environment": {"SGLANG_ADMIN_API_KEY": "k", "LD_PRELOAD": "/tmp/x.so",
+                                              "PYTHONPATH": "/tmp", "CUDA_VISIBLE_DEVICES": "0"}})["problems"]
+    assert [p.split(":")[0] for p in owned] == [
+        "candidate.environment.SGLANG_ADMIN_API_KEY", "candidate.environment.LD_PRELOAD",
+        "candidate.environment.PYTHONPATH", "candidate.environment.CUDA_VISIBLE_DEVICES"]
     assert canary.candidate({})["problems"] == [
         "candidate: nothing to try (speculative, plan_overrides and environment are all empty)"]
     assert canary.candidate(["dflash"])["problems"] == [

@@ -197,3 +197,22 @@ def test_gpu_host_check_refuses_a_host_without_an_nvidia_gpu_saying_so(ansible_e
     assert ("localhost has no NVIDIA GPU to check: nvidia-smi: nvidia-smi is not installed\n        (no NVIDIA "
             "user-space utilities); /proc/driver/nvidia/gpus lists none.") in proc.stdout
     assert "undefined" not in proc.stdout and "Check the NVIDIA user space" not in proc.stdout
+
+
+@pytest.mark.parametrize(("extra", "message"), [
+    # The role's argument spec answers first for a value of the wrong kind, naming the role input.
+    ('{"dflash_speculative": [1]}', "argument 'serving_plan_speculative' is of type list"),
+    ('{"dflash_speculative": "x"}', "argument 'serving_plan_speculative' is of type str"),
+    ('{"dflash_speculative": {"algorithm": "dflash", "block_size": "abc"}}',
+     "speculative.block_size: expected an integer from 1 to 64, found 'abc'"),
+    ('{"dflash_service_port": "abc"}', "serve.port: expected an integer from 1 to 65535, found 'abc'"),
+    ('{"dflash_served_model_name": "a\\nb"}', "serve.served_model_name: expected 1-128 of letters"),
+    ('{"dflash_plan_overrides": {"tp_size": -1}}', "overrides.tp_size: expected an integer from 1 to 64, found -1"),
+    ('{"dflash_plan_overrides": [1]}', "serving_plan_overrides"),
+])
+def test_a_bad_value_given_to_the_play_fails_naming_the_field_never_a_traceback(ansible_env, extra: str,
+                                                                                message: str) -> None:
+    proc = playbook(ansible_env, "playbooks/plan.yml", "-l", "eval", "-e", "dflash_plan_offline=true", "-e", extra)
+    assert proc.returncode != 0
+    assert message in proc.stdout, proc.stdout[-3000:]
+    assert "Traceback" not in proc.stdout + proc.stderr and "has no attribute" not in proc.stdout

@@ -128,10 +128,37 @@ def test_exec_start_one_flag_per_line_and_round_trip() -> None:
 
 
 def test_environment_words_are_quoted_and_sorted() -> None:
+    # systemd.exec(5): Environment= expands specifiers (%) but not variables ($): only `%` is doubled, so the
+    # process gets the value asked for (a$b stays a$b; the lab reads it back from a running unit).
     assert serving.systemd_environment({"NCCL_DEBUG": "WARN", "A": 'x "y" $z 50%'}) == [
-        '"A=x \\"y\\" $$z 50%%"', '"NCCL_DEBUG=WARN"']
+        '"A=x \\"y\\" $z 50%%"', '"NCCL_DEBUG=WARN"']
     with pytest.raises(serving.ServingError, match="variable name"):
         serving.systemd_environment({"BAD-NAME": "1"})
+    with pytest.raises(serving.ServingError, match="control character"):
+        serving.systemd_environment({"A": "one\ntwo"})
+
+
+def test_unit_text_doubles_percent_and_refuses_lines() -> None:
+    assert serving.systemd_text("sglang 0.5.23 serving Qwen 100%") == "sglang 0.5.23 serving Qwen 100%%"
+    with pytest.raises(serving.ServingError, match="one line"):
+        serving.systemd_text("Qwen\n[Service]")
+
+
+@pytest.mark.parametrize(("env", "problem"), [
+    ({"SGLANG_API_KEY": "k"}, "extra.SGLANG_API_KEY: the deploy owns this variable"),
+    ({"SGLANG_ADMIN_API_KEY": "k"}, "extra.SGLANG_ADMIN_API_KEY: the deploy owns this variable"),
+    ({"LD_PRELOAD": "/tmp/x.so"}, "extra.LD_PRELOAD: the deploy owns this variable"),
+    ({"PYTHONPATH": "/tmp"}, "extra.PYTHONPATH: the deploy owns this variable"),
+    ({"CUDA_VISIBLE_DEVICES": "0"}, "extra.CUDA_VISIBLE_DEVICES: the deploy owns this variable"),
+    ({"A-B": "1"}, "extra: expected a variable name such as NCCL_DEBUG, found 'A-B'"),
+    ({"A": "x\ny"}, "extra.A: expected one line of text"),
+    ({"A": ["x"]}, "extra.A: expected one line of text"),
+    (["A=1"], "extra: expected a mapping of variable -> value, found list"),
+])
+def test_every_environment_input_is_checked_against_one_reserved_list(env: object, problem: str) -> None:
+    [found] = serving.environment_problems(env, "extra")
+    assert found.startswith(problem)
+    assert serving.environment_problems({"SGLANG_ENABLE_SPEC_V2": "1", "NCCL_DEBUG": "INFO", "N": 3}, "extra") == []
 
 
 @pytest.mark.parametrize(("listen", "host"), [("0.0.0.0", "127.0.0.1"), ("", "127.0.0.1"), ("::", "127.0.0.1"),

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from dflash_infra import engine
+from dflash_infra import argv_check, engine
 from dflash_infra.planning import engine_flags, gateway
 from dflash_infra.planning.notes import Notes
 from dflash_infra.planning.sizing import MAMBA_FULL_MEMORY_RATIO, Layout
@@ -161,6 +161,16 @@ def engine_values(request: Request, topology: Topology, chosen: Layout, context:
     return values
 
 
+def _read_back(args: list[str], values: dict[str, Any], request: Request, label: str) -> list[str]:
+    """The argv read back by the release's parser (rebuilt from its flag table): who can reach the engine, what it
+    loads and serves and on how many GPUs must be what the plan holds (dflash_infra/argv_check.py)."""
+    want = argv_check.expected(values["model_path"], values.get("draft_model_path"),
+                               {"host": values.get("host"), "port": values.get("port"),
+                                "served_model_name": values.get("served_model_name")},
+                               int(values["tp_size"]), values.get("dp_size"))
+    return argv_check.problems(args, request.engine.table, want, label)
+
+
 def render(request: Request, topology: Topology, chosen: Layout, context: int, kernels: Kernels,
            notes: Notes) -> Rendered:
     """The engine argv of the plan; flags the release does not accept are errors and leave the argv empty."""
@@ -198,15 +208,22 @@ def render(request: Request, topology: Topology, chosen: Layout, context: int, k
     if flag_errors:
         return Rendered([], section)
     if routed is None:
-        return Rendered(argv, section)
+        read_back = _read_back(argv, values, request, "engine argv")
+        notes.errors.extend(read_back)
+        return Rendered([] if read_back else argv, section)
     port_errors = gateway.port_problems(routed, topology.dp)
     notes.errors.extend(port_errors)
     if port_errors:
         return Rendered([], section)
     replicas = []
     for index in range(topology.dp):
-        args, _ = engine.render_argv({**values, "port": routed.worker_port(index)}, request.engine.version, table)
+        replica_values = {**values, "port": routed.worker_port(index)}
+        args, _ = engine.render_argv(replica_values, request.engine.version, table)
         args += extra
+        read_back = _read_back(args, replica_values, request, f"replica {index}'s engine argv")
+        if read_back:
+            notes.errors.extend(read_back)
+            return Rendered([], section)
         replicas.append(gateway.replica(index, topology.gpu_ids[index * topology.tp:(index + 1) * topology.tp],
                                         routed, args))
     notes.reasons["replicas"] = (f"{topology.dp} engine(s) of tp {topology.tp}, one per GPU group, each its own "

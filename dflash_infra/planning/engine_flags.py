@@ -48,9 +48,28 @@ def shape_problems(value: Any) -> list[str]:
         elif isinstance(setting, list | tuple):
             if not setting or not all(isinstance(v, _SCALAR) and not isinstance(v, bool) for v in setting):
                 problems.append(f"{where}.{flag}: expected a non-empty list of strings or numbers, found {setting!r}")
+            else:
+                problems += _word_problems(f"{where}.{flag}", setting)
         elif setting is not None and not isinstance(setting, _SCALAR):
             problems.append(f"{where}.{flag}: expected true, a string, a number or a list, found "
                             f"{type(setting).__name__}")
+        elif isinstance(setting, str):
+            problems += _word_problems(f"{where}.{flag}", [setting])
+    return problems
+
+
+def _word_problems(where: str, values: Sequence[Any]) -> list[str]:
+    """A value word that the engine's parser would read as another flag (`--host 0.0.0.0` inside a value opens the
+    endpoint), or that carries a control character (a newline ends the unit's line), is refused naming it; numbers
+    are given as numbers (a negative one renders as its digits)."""
+    problems = []
+    for value in values:
+        if isinstance(value, str) and value.startswith("-"):
+            problems.append(f"{where}: the value {value!r} begins with '-', so the engine would read it as a flag "
+                            "of its own; a value cannot carry flags (give numbers as numbers)")
+        elif isinstance(value, str) and re.search(r"[\x00-\x1f\x7f]", value):
+            problems.append(f"{where}: the value {value!r} holds a control character (a newline, a tab, ...); "
+                            "expected one line of text")
     return problems
 
 

@@ -13,7 +13,7 @@ from typing import Any, TypeGuard
 
 from dflash_infra import catalogue, engine
 from dflash_infra.models import ModelConfigError, ModelSpec, model_spec
-from dflash_infra.planning import engine_flags, gateway
+from dflash_infra.planning import engine_flags, gateway, schema
 from dflash_infra.planning.gateway import Gateway
 from dflash_infra.planning.notes import Notes
 
@@ -345,8 +345,9 @@ def _engine(request: Mapping[str, Any], speculative: bool, notes: Notes) -> Engi
 
 def validate_request(request: Any, base: Path | None, notes: Notes) -> Validated:
     """Check a request (relative config paths resolve against `base`); every mistake becomes an error."""
-    if not isinstance(request, Mapping):
-        notes.errors.append(f"request: expected a JSON/YAML object, found {type(request).__name__}")
+    request, problems = schema.check_request(request)
+    if problems:
+        notes.errors.extend(problems)
         return Validated(None, {})
     overrides = dict(request.get("overrides") or {})
     for key in sorted(set(overrides) - set(KNOWN_OVERRIDES)):
