@@ -106,6 +106,15 @@ def file_matches(state: Mapping[str, Any], path: str, sha256: str, mode: str = "
     return all(not want or entry.get(key) == want for key, want in (("mode", mode), ("owner", owner), ("group", group)))
 
 
+def secret_matches(state: Mapping[str, Any], path: str, mode: str = "", owner: str = "", group: str = "") -> bool:
+    """Whether a secret file holds exactly what the deploy would write (compared on the host from host_state's
+    `secrets`: the read carries only this answer, never a hash of the key), with this mode/owner/group."""
+    entry = (state.get("files") or {}).get(path) or _child(state, path) or {}
+    if not entry.get("exists") or entry.get("kind") != "file" or entry.get("matches") is not True:
+        return False
+    return all(not want or entry.get(key) == want for key, want in (("mode", mode), ("owner", owner), ("group", group)))
+
+
 def dir_matches(state: Mapping[str, Any], path: str, mode: str = "", owner: str = "", group: str = "") -> bool:
     """Whether the host already has this folder with this mode/owner/group (where given)."""
     entry = path_entry(state, path)

@@ -7,9 +7,8 @@ tasks only render what comes back.
 
 from __future__ import annotations
 
-import hashlib
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from dflash_infra import engine
@@ -234,7 +233,7 @@ def serves_as_recorded(state: Mapping[str, Any], record: Mapping[str, Any] | Non
 
 
 def service_converged(state: Mapping[str, Any], paths: Mapping[str, str], unit: str, account: Mapping[str, str],
-                      helper_sha256: Mapping[str, str], unit_sha256: str, env_sha256: str, url: str) -> bool:
+                      helper_sha256: Mapping[str, str], unit_sha256: str, url: str) -> bool:
     """Whether a turn of the service role would do nothing at all: no account, folder, helper, boot or start to
     make (`service_todo`), the unit and its secrets file as the role renders them, and the engine serving as
     recorded (`serves_as_recorded`, with the record naming this unit's content). Behind the gateway such a replica
@@ -245,7 +244,7 @@ def service_converged(state: Mapping[str, Any], paths: Mapping[str, str], unit: 
     if service_todo(state, paths, unit, account, helper_sha256)["any"]:
         return False
     if not (host_state.file_matches(state, paths["unit"], unit_sha256, "0644", "root", "root")
-            and host_state.file_matches(state, paths["env_file"], env_sha256, "0600", "root", "root")):
+            and host_state.secret_matches(state, paths["env_file"], "0600", "root", "root")):
         return False
     record = host_state.path_entry(state, paths["record"]).get("json") or {}
     return record.get("unit_sha256") == unit_sha256 and serves_as_recorded(state, record, unit, url)
@@ -426,9 +425,57 @@ def comparison_line(row: Mapping[str, Any]) -> str:
     return f"{row['figure']}: planned {row['planned']:g}, engine {row['measured']:g} ({pct}){flag}"
 
 
-def key_file_sha256(key: str) -> str:
-    """sha256 of a key file as the gateway role writes it (the key and a newline); empty for no key."""
-    return hashlib.sha256(f"{key}\n".encode()).hexdigest() if key else ""
+# API keys: what they may hold (they go into an environment file and a systemd credential) and how long they must be
+# at least, so that nothing derived from one (a log line, a guess against a service) makes it guessable.
+KEY_PATTERN = re.compile(r"[A-Za-z0-9._~+/=-]*")
+MIN_KEY_LENGTH = 32
+
+
+def key_problems(value: Any, name: str) -> list[str]:
+    """Why an API key input cannot be used (empty: it can, or it is empty, which means no key). Written once: the
+    preflight, the engine's and the gateway's roles all ask here."""
+    key = "" if value is None else str(value)
+    if not key:
+        return []
+    if not KEY_PATTERN.fullmatch(key):
+        return [f"{name}: expected letters, digits and ._~+/=- only (it goes into an environment file), found "
+                f"other characters ({len(key)} characters; the key itself is not shown)"]
+    if len(key) < MIN_KEY_LENGTH:
+        return [f"{name}: expected at least {MIN_KEY_LENGTH} characters, found {len(key)}; make one with "
+                "`openssl rand -base64 33` and put it in ansible-vault"]
+    return []
+
+
+def keys_problems(keys: Mapping[str, Any]) -> list[str]:
+    """key_problems of each key input, by the name it is set under."""
+    return [problem for name, value in keys.items() for problem in key_problems(value, name)]
+
+
+def engine_env_text(api_key: str, admin_key: str = "") -> str:
+    """The engine's environment file, byte for byte: what the role writes and what host_state compares on the host
+    (one function for both sides)."""
+    lines = ["# Managed by dflash-infra (roles/sglang_service). Secrets of the engine: read by systemd (root), handed",
+             "# to the engine by its launcher, never on its command line."]
+    lines += [f"SGLANG_API_KEY={api_key}"] if api_key else []
+    lines += [f"SGLANG_ADMIN_API_KEY={admin_key}"] if admin_key else []
+    return "\n".join(lines) + "\n"
+
+
+def key_file_text(key: str) -> str:
+    """A gateway key file (a systemd credential), byte for byte: the key and a newline."""
+    return f"{key}\n"
+
+
+def secret_files(env_files: Sequence[str], api_key: str, admin_key: str, gateway: Mapping[str, str],
+                 control_key: str) -> list[dict[str, str]]:
+    """{path, content} of every secret file the deploy would write: what host_state compares on the host (its
+    `secrets` option, never logged) instead of hashing key material into its output."""
+    out = [{"path": str(path), "content": engine_env_text(api_key, admin_key)} for path in env_files]
+    if api_key:
+        out.append({"path": gateway["api_key"], "content": key_file_text(api_key)})
+    if control_key:
+        out.append({"path": gateway["control_plane_key"], "content": key_file_text(control_key)})
+    return out
 
 
 def gateway_todo(state: Mapping[str, Any], paths: Mapping[str, str], unit: str, unit_sha256: str,
@@ -436,14 +483,15 @@ def gateway_todo(state: Mapping[str, Any], paths: Mapping[str, str], unit: str, 
     """What the gateway role must do, from host_state: the folders (root-owned; credentials 0700), the helpers
     whose content differs, the key files (no api_key: the endpoint has none, a file left from before is removed;
     no control_key: one is made on the host when none is there), the unit, enable, start; and whether the running
-    gateway must restart (its unit, launcher or a key changed). `any`: anything at all. The keys are compared by
-    the sha256 host_state read; they leave this function only as booleans."""
+    gateway must restart (its unit, launcher or a key changed). `any`: anything at all. The key files are compared
+    on the host (host_state's secrets); they leave this function only as booleans."""
     from dflash_infra import host_state
-
-    api_key_sha256, control_key_sha256 = key_file_sha256(api_key), key_file_sha256(control_key)
 
     def matches(path: str, sha: str, mode: str) -> bool:
         return host_state.file_matches(state, path, sha, mode, "root", "root")
+
+    def holds(path: str) -> bool:  # a key file: compared on the host (secret_files), never by hash
+        return host_state.secret_matches(state, path, "0600", "root", "root")
 
     props = (state.get("units") or {}).get(unit) or {}
     api_key_file = host_state.path_entry(state, paths["api_key"])
@@ -453,11 +501,10 @@ def gateway_todo(state: Mapping[str, Any], paths: Mapping[str, str], unit: str, 
                  if not host_state.dir_matches(state, paths[key], mode, "root", "root")],
         "helpers": [name for name, sha in helper_sha256.items()
                     if not matches(f"{paths['libexec_dir']}/{name}", sha, "0755")],
-        "api_key": bool(api_key_sha256) and not matches(paths["api_key"], api_key_sha256, "0600"),
-        "api_key_remove": not api_key_sha256 and bool(api_key_file.get("exists")),
-        "control_key": ("write" if control_key_sha256 and not matches(paths["control_plane_key"], control_key_sha256,
-                                                                       "0600")
-                        else "make" if not control_key_sha256 and not control_file.get("exists") else ""),
+        "api_key": bool(api_key) and not holds(paths["api_key"]),
+        "api_key_remove": not api_key and bool(api_key_file.get("exists")),
+        "control_key": ("write" if control_key and not holds(paths["control_plane_key"])
+                        else "make" if not control_key and not control_file.get("exists") else ""),
         "unit": not matches(paths["unit"], unit_sha256, "0644"),
         "enable": props.get("UnitFileState") != "enabled",
         "start": props.get("ActiveState") != "active",
@@ -511,6 +558,7 @@ __all__ = [
     "comparison_line",
     "driver_problems",
     "driver_ready_problems",
+    "engine_env_text",
     "engine_problems",
     "engine_status",
     "environment_inputs_problems",
@@ -521,12 +569,15 @@ __all__ = [
     "gateway_paths",
     "gateway_record",
     "gateway_todo",
-    "key_file_sha256",
+    "key_file_text",
+    "key_problems",
+    "keys_problems",
     "missing_flags",
     "probe_host",
     "quoted_lines",
     "record",
     "rolled_back_record",
+    "secret_files",
     "service_done",
     "service_paths",
     "service_todo",

@@ -34,6 +34,7 @@ class FilterModule:
         return as_filters({
             "dflash_state_models": host_state.model_entries,
             "dflash_state_file_matches": host_state.file_matches,
+            "dflash_state_secret_matches": host_state.secret_matches,
             "dflash_state_existing": host_state.existing,
             "dflash_training_idle": host_state.training_idle,
             "dflash_gpu_holders_problems": host_state.gpu_holders_problems,

@@ -34,8 +34,16 @@ options:
     elements: path
   files:
     description:
-      - Paths to read, as {path, content (bool), json (bool), children (bool)}; without them only existence, mode,
-        owner and sha256. C(children) lists a folder one level deep (its JSON files parsed).
+      - Paths to read, as {path, content (bool), json (bool), children (bool), secret (bool)}; without them only
+        existence, mode, owner and sha256. C(children) lists a folder one level deep (its JSON files parsed).
+        C(secret) (a key file, or a folder of them) is never hashed nor returned, see I(secrets).
+    type: list
+    elements: dict
+  secrets:
+    description:
+      - What the deploy would write into secret files, as {path, content}. The module answers for each such file
+        only C(matches) (its bytes are exactly that), never a hash, so no output at any verbosity lets a key be
+        recovered. Not logged (no_log).
     type: list
     elements: dict
   users:
@@ -132,8 +140,9 @@ def read_section(name: str, p: dict[str, Any]) -> Any:
         return {"probe": userspace.probe(), "dpkg": userspace.dpkg_health(),
                 "debs": [path for folder in p["deb_dirs"] or [] for path in files.list_dir(folder, ".deb")]}
     if name == "files":
+        expect = {str(e["path"]): str(e.get("content") or "") for e in p["secrets"] or []}
         return {f["path"]: files.read_file(f["path"], bool(f.get("content")), bool(f.get("json")),
-                                           bool(f.get("children")))
+                                           bool(f.get("children")), bool(f.get("secret")), expect)
                 for f in p["files"] or []}
     if name == "accounts":
         return files.accounts(list(p["users"] or []), list(p["groups"] or []))
@@ -188,6 +197,8 @@ def main() -> None:
             "nvidia": {"type": "dict"},
             "deb_dirs": {"type": "list", "elements": "path"},
             "files": {"type": "list", "elements": "dict"},
+            # What the deploy would write into secret files: compared on the host, never returned or logged.
+            "secrets": {"type": "list", "elements": "dict", "no_log": True},
             "users": {"type": "list", "elements": "str"},
             "groups": {"type": "list", "elements": "str"},
             "units": {"type": "list", "elements": "str"},

@@ -15,6 +15,10 @@ description:
     atomically (a new link renamed over the old one).
   - With I(record), its C(content) is written to its C(path) (C(0644) root:root, written under a temporary name,
     flushed to disk and renamed into place); a record already holding exactly that content is left alone.
+  - With I(keep) (and I(link)), the snapshot folders beside I(dest) are pruned after the record is written: the
+    I(keep) newest C(<stamp>-deployed) ones (I(dest) among them) stay, every other C(<stamp>-deployed) or
+    C(<stamp>-replaced) folder goes (they hold environment files with keys that may since have been rotated).
+    Nothing else in that folder is touched.
   - The steps run in that order, so a record never names a snapshot that is not complete on disk.
   - Under check mode nothing is written; C(changed) says whether anything would be. With C(--diff) the record's
     change is shown.
@@ -25,6 +29,10 @@ options:
   record:
     description: "{path, content}: the deployment record to write after the snapshot and the link."
     type: dict
+  keep:
+    description: How many good (deployed) snapshots to keep after linking; 0 prunes nothing.
+    type: int
+    default: 0
 """
 
 RETURN = r"""
@@ -32,9 +40,11 @@ copied: {description: The files copied into I(dest)., type: list, returned: alwa
 missing: {description: The files of I(files) that did not exist (not copied)., type: list, returned: always}
 linked: {description: Whether I(link) was (or would be) pointed at I(dest)., type: bool, returned: always}
 recorded: {description: Whether the record was (or would be) written., type: bool, returned: always}
+pruned: {description: The snapshot folders removed (or that would be) by I(keep)., type: list, returned: always}
 """
 
 import os
+import re
 import shutil
 import tempfile
 from typing import Any
@@ -95,6 +105,24 @@ def write_record(path: str, content: str) -> bool:
     return True
 
 
+SNAPSHOT = re.compile(r"^[0-9]{8}T[0-9]{6}Z-(deployed|replaced)$")
+
+
+def prunable(folder: str, target: str, keep: int) -> list[str]:
+    """The snapshot folders of `folder` that `keep` good ones leave over (`target`, the new good one, always stays);
+    only folders named as this module names snapshots."""
+    if keep < 1:
+        return []
+    try:
+        names = sorted(n for n in os.listdir(folder) if SNAPSHOT.match(n) and os.path.isdir(os.path.join(folder, n))
+                       and not os.path.islink(os.path.join(folder, n)))
+    except FileNotFoundError:
+        return []
+    deployed = [n for n in names if n.endswith("-deployed") and n != target]
+    kept = {target, *deployed[len(deployed) - (keep - 1):]} if keep > 1 else {target}
+    return [n for n in names if n not in kept]
+
+
 def record_would_change(path: str, content: str) -> bool:
     try:
         with open(path, encoding="utf-8") as handle:
@@ -111,6 +139,7 @@ def main() -> None:
             "link": {"type": "path"},
             "record": {"type": "dict", "options": {"path": {"type": "path", "required": True},
                                                    "content": {"type": "str", "required": True}}},
+            "keep": {"type": "int", "default": 0},
         },
         supports_check_mode=True,
     )
@@ -130,11 +159,14 @@ def main() -> None:
             before = ""
         diff = {"before": before, "after": record["content"], "before_header": record["path"],
                 "after_header": record["path"]}
+    folder = os.path.dirname(dest)
+    keep = int(params["keep"]) if link else 0
     if module.check_mode:
         linked = bool(link) and not (os.path.islink(link) and os.readlink(link) == target)
         recorded = bool(record) and record_would_change(record["path"], record["content"])
-        module.exit_json(changed=bool(present) or not os.path.isdir(dest) or linked or recorded,
-                         copied=present, missing=missing, linked=linked, recorded=recorded, diff=diff)
+        pruned = prunable(folder, target, keep)
+        module.exit_json(changed=bool(present) or not os.path.isdir(dest) or linked or recorded or bool(pruned),
+                         copied=present, missing=missing, linked=linked, recorded=recorded, pruned=pruned, diff=diff)
     try:
         made = not os.path.isdir(dest)
         os.makedirs(dest, mode=0o700, exist_ok=True)
@@ -144,10 +176,13 @@ def main() -> None:
             copy_into(source, dest)
         linked = point(link, target) if link else False
         recorded = write_record(record["path"], record["content"]) if record else False
+        pruned = prunable(folder, target, keep)
+        for name in pruned:
+            shutil.rmtree(os.path.join(folder, name))
     except OSError as exc:
         module.fail_json(msg=f"dflash_unit_snapshot: {exc}", copied=[], missing=missing)
-    module.exit_json(changed=made or bool(present) or linked or recorded, copied=present, missing=missing,
-                     linked=linked, recorded=recorded, diff=diff if recorded else {})
+    module.exit_json(changed=made or bool(present) or linked or recorded or bool(pruned), copied=present,
+                     missing=missing, linked=linked, recorded=recorded, pruned=pruned, diff=diff if recorded else {})
 
 
 if __name__ == "__main__":

@@ -3,7 +3,6 @@ host as host_state reads it, and the gateway section given outside a plan (dflas
 
 from __future__ import annotations
 
-import hashlib
 import re
 from pathlib import Path
 from typing import Any
@@ -16,18 +15,22 @@ from dflash_infra.planning import gateway
 PATHS = serving.gateway_paths("smg-gateway.service", "/etc/dflash-infra", "/usr/local/lib/dflash-infra")
 UNIT = "a" * 64
 HELPERS = {"smg-launch": "b" * 64, "smg-ctl": "c" * 64}
-KEY = hashlib.sha256(b"k\n").hexdigest()  # of the key file holding "k"
 
 
 def entry(sha: str = "", kind: str = "file", mode: str = "0600") -> dict[str, Any]:
     return {"exists": True, "kind": kind, "sha256": sha, "mode": mode, "owner": "root", "group": "root"}
 
 
+def secret(matches: bool | None = True) -> dict[str, Any]:
+    """A key file as host_state reads it: no hash, only whether it holds what the deploy would write."""
+    return {"exists": True, "kind": "file", "matches": matches, "mode": "0600", "owner": "root", "group": "root"}
+
+
 def converged() -> dict[str, Any]:
     """host_state of a host where the gateway runs exactly as the role would leave it."""
     return {"files": {PATHS["unit"]: entry(UNIT, mode="0644"),
                       PATHS["credentials"]: {**entry(kind="dir", mode="0700"), "children": {
-                          "api-key": entry(KEY), "control-plane-key": entry(hashlib.sha256(b"c\n").hexdigest())}},
+                          "api-key": secret(), "control-plane-key": secret()}},
                       PATHS["libexec_dir"]: {**entry(kind="dir", mode="0755"), "children": {
                           name: entry(sha, mode="0755") for name, sha in HELPERS.items()}}},
             "units": {"smg-gateway.service": {"UnitFileState": "enabled", "ActiveState": "active"}}}
@@ -78,7 +81,7 @@ def test_a_converged_gateway_needs_nothing() -> None:
      {"helpers": ["smg-launch"], "restart": True}),
     (lambda s: s["files"][PATHS["libexec_dir"]]["children"]["smg-ctl"].update(mode="0777"),
      {"helpers": ["smg-ctl"]}),  # the control-plane client is not part of the running gateway
-    (lambda s: s["files"][PATHS["credentials"]]["children"]["api-key"].update(sha256="e" * 64),
+    (lambda s: s["files"][PATHS["credentials"]]["children"]["api-key"].update(matches=False),
      {"api_key": True, "restart": True}),
     (lambda s: s["files"][PATHS["credentials"]]["children"].pop("control-plane-key"),
      {"control_key": "make", "restart": True}),
@@ -97,11 +100,16 @@ def test_one_drift_is_one_thing_to_do(change: Any, expected: dict[str, Any]) -> 
 def test_keys_given_or_taken_away() -> None:
     # An endpoint whose key was removed (loopback only): the file goes, the gateway restarts without it.
     assert {k for k, v in todo(converged(), api_key="").items() if v} == {"api_key_remove", "restart", "any"}
-    # A control-plane key from the vault that differs from the host's: written, restart.
-    assert todo(converged(), control="other")["control_key"] == "write"
+    # A control-plane key from the vault that differs from the host's (host_state's comparison on the host said so):
+    # written, restart.
+    differs = converged()
+    differs["files"][PATHS["credentials"]]["children"]["control-plane-key"].update(matches=False)
+    assert todo(differs, control="other")["control_key"] == "write"
     assert todo(converged(), control="c")["control_key"] == ""  # the vault's key is the host's
-    # None from the vault and one on the host: the host's is kept.
-    assert todo(converged(), control="")["control_key"] == ""
+    # None from the vault and one on the host (nothing expected of it: matches None): the host's is kept.
+    kept = converged()
+    kept["files"][PATHS["credentials"]]["children"]["control-plane-key"].update(matches=None)
+    assert todo(kept, control="")["control_key"] == ""
     # A first install starts (not restarts) the gateway and makes the key.
     fresh = todo({"files": {}, "units": {}}, control="")
     assert fresh["start"] and not fresh["restart"] and fresh["control_key"] == "make" and fresh["unit"]

@@ -215,7 +215,7 @@ def test_each_replica_makes_the_shared_parts_once_and_restarts_for_a_new_launche
     assert serving.service_done(done, second, slots[1])["helpers"] == done["helpers"]
 
 
-def _converged_host(slot: dict[str, Any], helpers: dict[str, str], unit_sha: str, env_sha: str) -> dict[str, Any]:
+def _converged_host(slot: dict[str, Any], helpers: dict[str, str], unit_sha: str) -> dict[str, Any]:
     """host_state of a host on which replica `slot` was deployed, gated and recorded, and still serves."""
     from dflash_infra import serving
 
@@ -226,7 +226,9 @@ def _converged_host(slot: dict[str, Any], helpers: dict[str, str], unit_sha: str
                              for key, mode in serving.SERVICE_DIRS}
     files.update({f"{slot['libexec_dir']}/{name}": file(sha, "0755") for name, sha in helpers.items()})
     files[slot["unit"]] = file(unit_sha, "0644")
-    files[slot["env_file"]] = file(env_sha, "0600")
+    # The secrets file: compared on the host with what the deploy would write (host_state's secrets), never hashed.
+    files[slot["env_file"]] = {**file("", "0600"), "matches": True}
+    del files[slot["env_file"]]["sha256"]
     files[slot["record"]] = {**file("f" * 64, "0644"), "json": {
         "unit_sha256": unit_sha, "deployed_at": "2026-12-02T16:00:00+00:00",
         "gates": {"state": "ready", "detail": "generated 16 tokens", "unit": {"InvocationID": "inv-1"}}}}
@@ -248,19 +250,19 @@ def test_a_replica_takes_no_turn_only_when_a_turn_would_do_nothing() -> None:
     slot = SLOTS[0]
     helpers = {"sglang-launch": "a" * 64, "sglang-ready": "b" * 64, "verify-unit": "c" * 64}
     account = {"user": "sglang", "group": "sglang", "home": "/var/lib/sglang"}
-    unit_sha, env_sha, url = "1" * 64, "2" * 64, "http://127.0.0.1:30001"
-    host = _converged_host(slot, helpers, unit_sha, env_sha)
+    unit_sha, url = "1" * 64, "http://127.0.0.1:30001"
+    host = _converged_host(slot, helpers, unit_sha)
 
-    def converged(state: dict[str, Any], unit: str = unit_sha, env: str = env_sha) -> bool:
-        return serving.service_converged(state, slot, slot["name"], account, helpers, unit, env, url)
+    def converged(state: dict[str, Any], unit: str = unit_sha) -> bool:
+        return serving.service_converged(state, slot, slot["name"], account, helpers, unit, url)
 
     assert converged(host)
     assert serving.serves_as_recorded(host, host["files"][slot["record"]]["json"], slot["name"], url)
     assert not converged(host, unit="9" * 64)  # the plan renders another unit
-    assert not converged(host, env="9" * 64)  # another API key
     changes = {
         "a byte of the unit on the host": lambda s: s["files"][slot["unit"]].update(sha256="0" * 64),
         "the secrets file readable by others": lambda s: s["files"][slot["env_file"]].update(mode="0644"),
+        "another API key (the host's comparison)": lambda s: s["files"][slot["env_file"]].update(matches=False),
         "a helper changed": lambda s: s["files"][f"{slot['libexec_dir']}/sglang-ready"].update(sha256="0" * 64),
         "not started at boot": lambda s: s["units"][slot["name"]].update(UnitFileState="disabled"),
         "restarted outside the deploy": lambda s: s["units"][slot["name"]].update(InvocationID="inv-2"),

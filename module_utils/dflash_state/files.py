@@ -1,5 +1,7 @@
 """Files and folders the stages compare with what they would write: existence, mode, sha256, and the
-content or JSON where asked. Secrets files are only ever hashed (content is returned when asked for)."""
+content or JSON where asked. A secret file (a key, an environment file with keys; `secret` on it or its folder)
+is never hashed nor returned: the stages pass what they would write (`expect`, a no_log option of the module) and
+get back only whether the file holds exactly that (`matches`), so no output lets a key be recovered."""
 
 from __future__ import annotations
 
@@ -30,9 +32,12 @@ def _owner(st: os.stat_result) -> tuple[str, str]:
     return user, group
 
 
-def read_file(path: str, content: bool = False, as_json: bool = False, children: bool = False) -> dict[str, Any]:
+def read_file(path: str, content: bool = False, as_json: bool = False, children: bool = False, secret: bool = False,
+              expect: dict[str, str] | None = None) -> dict[str, Any]:
     """{path, exists, kind (file|dir|link), mode, owner, group, sha256, size[, target][, content | json]
-    [, children]} of one path; `children` lists a folder's entries one level deep (JSON files parsed)."""
+    [, children]} of one path; `children` lists a folder's entries one level deep (JSON files parsed). A secret
+    file (or any file in a secret folder) has `matches` (its bytes are exactly `expect[path]`; None when nothing is
+    expected of it) instead of sha256 and content."""
     out: dict[str, Any] = {"path": path, "exists": os.path.lexists(path)}
     if not out["exists"]:
         return out
@@ -53,7 +58,8 @@ def read_file(path: str, content: bool = False, as_json: bool = False, children:
             except OSError as exc:
                 out["error"] = str(exc)
                 names = []
-            out["children"] = {n: read_file(os.path.join(path, n), as_json=n.endswith(".json")) for n in names}
+            out["children"] = {n: read_file(os.path.join(path, n), as_json=n.endswith(".json") and not secret,
+                                            secret=secret, expect=expect) for n in names}
         return out
     out["kind"] = "link" if "target" in out else "file"
     try:
@@ -63,6 +69,10 @@ def read_file(path: str, content: bool = False, as_json: bool = False, children:
         out["error"] = str(exc)
         return out
     out.update(size=st.st_size)
+    wanted = (expect or {}).get(path)
+    if secret or wanted is not None:
+        out["matches"] = None if wanted is None else data == wanted.encode("utf-8")
+        return out
     if len(data) > MAX_CONTENT_BYTES:
         digest = hashlib.sha256()
         with open(path, "rb") as fh:
