@@ -152,29 +152,35 @@ class Verdict:
     lines: list[str]
 
 
-def inputs(settings: Mapping[str, Any]) -> dict[str, Any]:
-    """What makes two load runs comparable: the prompts (their sha256), max_tokens, thinking and requests."""
+def inputs(settings: Mapping[str, Any], transport: str = "http") -> dict[str, Any]:
+    """What makes two load runs comparable: the prompts (their sha256), max_tokens, thinking and requests, and the
+    transport when it is not plain HTTP (a TLS handshake per connection weighs on a short run: figures over HTTPS are
+    not held against figures over HTTP)."""
     prompts = json.dumps(list(settings.get("prompts") or []), sort_keys=True, separators=(",", ":"))
-    return {"prompts_sha256": hashlib.sha256(prompts.encode()).hexdigest(),
-            "prompts": [str(p.get("name", "")) for p in settings.get("prompts") or []],
-            "max_tokens": int(settings["max_tokens"]), "thinking": bool(settings.get("thinking")),
-            "requests": int(settings["requests"])}
+    out = {"prompts_sha256": hashlib.sha256(prompts.encode()).hexdigest(),
+           "prompts": [str(p.get("name", "")) for p in settings.get("prompts") or []],
+           "max_tokens": int(settings["max_tokens"]), "thinking": bool(settings.get("thinking")),
+           "requests": int(settings["requests"])}
+    if transport != "http":
+        out["transport"] = transport
+    return out
 
 
 def verdict(current: Sequence[Mapping[str, Any]], previous_load: Mapping[str, Any] | None,
-            settings: Mapping[str, Any], speculative: bool, restarted: str = "") -> dict[str, Any]:
+            settings: Mapping[str, Any], speculative: bool, restarted: str = "",
+            transport: str = "http") -> dict[str, Any]:
     """`gate` as the roles call it. previous_load: the `load` of the deployment record this one replaces (its figures
     are compared only when it ran the same inputs); settings: dflash_load_gate's; `restarted`: a restart_problem.
     A dict: passed, problems, lines, and `load`, what the new record keeps (inputs and figures)."""
-    now = inputs(settings)
+    now = inputs(settings, transport)
     previous = None
     note = []
     if previous_load and previous_load.get("figures"):
         if previous_load.get("inputs") == now:
             previous = previous_load["figures"]
         else:
-            note = ["the previous deployment ran other load inputs (prompts, max_tokens, thinking or requests): "
-                    "recorded without comparing"]
+            note = ["the previous deployment ran other load inputs (prompts, max_tokens, thinking, requests or the "
+                    "transport, HTTP or HTTPS): recorded without comparing"]
     judged = gate(current, previous, speculative=speculative,
                   min_accept_length=float(settings["min_accept_length"]),
                   max_regression=float(settings["max_regression"]),

@@ -37,7 +37,7 @@ def engine_targets(host: str, address: str, plan: Mapping[str, Any]) -> list[dic
     if replicas:
         return [{"targets": [_target(address, r["port"])],
                  "labels": {"dflash_host": host, "replica": str(r["index"]), "gpus": str(r["cuda_visible_devices"])},
-                 "listen": str(r["host"])} for r in replicas]
+                 "listen": str(r["host"]), "tls": bool(r.get("tls"))} for r in replicas]
     serve = plan.get("serve") or {}
     if not serve.get("port"):
         return []
@@ -55,11 +55,14 @@ def gateway_targets(host: str, address: str, plan: Mapping[str, Any]) -> list[di
              "listen": str(settings["prometheus_host"])}]
 
 
-def scrape_config(hosts: Sequence[Mapping[str, Any]], scrape_interval: str = "15s") -> dict[str, Any]:
+def scrape_config(hosts: Sequence[Mapping[str, Any]], scrape_interval: str = "15s",
+                  ca_file: str = "") -> dict[str, Any]:
     """A Prometheus configuration (`scrape_configs` only) for the hosts' plans.
 
     `hosts`: one mapping per container, {"host": inventory name, "address": the name Prometheus reaches it by,
-    "plan": its plan}. Hosts are sorted by name so the file is the same for the same inventory.
+    "plan": its plan}. Hosts are sorted by name so the file is the same for the same inventory. Replicas that serve
+    HTTPS (dflash_worker_tls) are a job of their own, scraped over HTTPS and verified against `ca_file` (the team's
+    CA on the Prometheus host; empty: the system store).
     """
     gateway: list[dict[str, Any]] = []
     engines: list[dict[str, Any]] = []
@@ -68,10 +71,18 @@ def scrape_config(hosts: Sequence[Mapping[str, Any]], scrape_interval: str = "15
         gateway += gateway_targets(host, address, plan)
         engines += engine_targets(host, address, plan)
     jobs = []
-    for name, groups in ((GATEWAY_JOB, gateway), (ENGINE_JOB, engines)):
+    plain = [g for g in engines if not g.get("tls")]
+    secure = [g for g in engines if g.get("tls")]
+    for name, groups in ((GATEWAY_JOB, gateway), (ENGINE_JOB, plain), (f"{ENGINE_JOB}-tls", secure)):
         if groups:
-            jobs.append({"job_name": name, "scrape_interval": scrape_interval, "metrics_path": METRICS_PATH,
-                         "static_configs": [{k: v for k, v in g.items() if k != "listen"} for g in groups]})
+            job: dict[str, Any] = {"job_name": name, "scrape_interval": scrape_interval, "metrics_path": METRICS_PATH,
+                                   "static_configs": [{k: v for k, v in g.items() if k not in ("listen", "tls")}
+                                                      for g in groups]}
+            if groups is secure:
+                job["scheme"] = "https"
+                if ca_file:
+                    job["tls_config"] = {"ca_file": ca_file}
+            jobs.append(job)
     return {"scrape_configs": jobs}
 
 

@@ -211,7 +211,7 @@ def replica_plan(plan: Mapping[str, Any], index: int) -> dict[str, Any]:
     if not 0 <= int(index) < len(replicas):
         raise RolloutError(f"replica {index}: the plan has {len(replicas)} replica(s)")
     r = replicas[int(index)]
-    serve = {**(plan.get("serve") or {}), "host": r["host"], "port": r["port"]}
+    serve = {**(plan.get("serve") or {}), "host": r["host"], "port": r["port"], "tls": bool(r.get("tls"))}
     return {**plan, "args": list(r["args"]), "gpu_ids": list(r["gpu_ids"]), "dp_size": 1, "serve": serve,
             "replica": {"index": r["index"], "url": r["url"], "gpu_ids": list(r["gpu_ids"])}}
 

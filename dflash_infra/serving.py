@@ -7,6 +7,7 @@ tasks only render what comes back.
 
 from __future__ import annotations
 
+import hashlib
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
@@ -133,6 +134,7 @@ def service_paths(name: str, env_dir: str, state_dir: str, libexec_dir: str) -> 
         raise ServingError(f"service name: expected a systemd unit name ending in .service, found {name!r}")
     stem = str(name)[: -len(".service")]
     return {"unit": f"{UNIT_DIR}/{name}", "env_file": f"{env_dir}/{stem}.env", "env_dir": env_dir,
+            **{f"tls_{part}": path for part, path in engine_tls_paths(f"{env_dir}/{stem}.env").items()},
             "stem": stem, "state_dir": state_dir, "record": f"{state_dir}/deployment.json",
             "units_dir": f"{state_dir}/units", "last_good": f"{state_dir}/units/last-good",
             "libexec_dir": libexec_dir, "helpers": list(HELPERS),
@@ -233,7 +235,7 @@ def serves_as_recorded(state: Mapping[str, Any], record: Mapping[str, Any] | Non
 
 
 def service_converged(state: Mapping[str, Any], paths: Mapping[str, str], unit: str, account: Mapping[str, str],
-                      helper_sha256: Mapping[str, str], unit_sha256: str, url: str) -> bool:
+                      helper_sha256: Mapping[str, str], unit_sha256: str, url: str, tls: bool = False) -> bool:
     """Whether a turn of the service role would do nothing at all: no account, folder, helper, boot or start to
     make (`service_todo`), the unit and its secrets file as the role renders them, and the engine serving as
     recorded (`serves_as_recorded`, with the record naming this unit's content). Behind the gateway such a replica
@@ -244,15 +246,17 @@ def service_converged(state: Mapping[str, Any], paths: Mapping[str, str], unit: 
     if service_todo(state, paths, unit, account, helper_sha256)["any"]:
         return False
     if not (host_state.file_matches(state, paths["unit"], unit_sha256, "0644", "root", "root")
-            and host_state.secret_matches(state, paths["env_file"], "0600", "root", "root")):
+            and host_state.secret_matches(state, paths["env_file"], "0600", "root", "root")
+            and engine_tls_todo(state, paths, tls) == ""):
         return False
     record = host_state.path_entry(state, paths["record"]).get("json") or {}
     return record.get("unit_sha256") == unit_sha256 and serves_as_recorded(state, record, unit, url)
 
 
 def base_url(serve: Mapping[str, Any]) -> str:
-    """http://<where the host reaches it>:<port> of an engine listening as `serve` says ({host, port})."""
-    return f"http://{probe_host(str(serve.get('host') or ''))}:{int(serve['port'])}"
+    """http(s)://<where the host reaches it>:<port> of an endpoint listening as `serve` says ({host, port, tls?})."""
+    scheme = "https" if serve.get("tls") is True else "http"
+    return f"{scheme}://{probe_host(str(serve.get('host') or ''))}:{int(serve['port'])}"
 
 
 def unit_argv(python: str, launcher: str, module: str, argv: Iterable[str]) -> list[list[str]]:
@@ -301,6 +305,10 @@ def gateway_exec_start_lines(python: str, launcher: str, argv: Iterable[str]) ->
 
 
 GATEWAY_HELPERS = ("smg-launch", "smg-ctl")
+# The endpoint's TLS files in the gateway's credentials folder (systemd credentials tls-cert, tls-key, tls-ca):
+# dflash_endpoint_tls's certificate, key and the team's CA.
+TLS_PARTS = ("cert", "key", "ca")
+_TLS_TEXT = {"cert": "certificate", "key": "key", "ca": "ca"}
 
 
 def gateway_paths(name: str, secrets_dir: str, libexec_dir: str) -> dict[str, Any]:
@@ -312,6 +320,7 @@ def gateway_paths(name: str, secrets_dir: str, libexec_dir: str) -> dict[str, An
     credentials = f"{secrets_dir}/{stem}"
     return {"unit": f"{UNIT_DIR}/{name}", "stem": stem, "credentials": credentials,
             "api_key": f"{credentials}/api-key", "control_plane_key": f"{credentials}/control-plane-key",
+            **{f"tls_{part}": f"{credentials}/tls-{part}" for part in TLS_PARTS},
             "libexec_dir": libexec_dir, "helpers": list(GATEWAY_HELPERS),
             "launcher": f"{libexec_dir}/{GATEWAY_HELPERS[0]}", "ctl": f"{libexec_dir}/{GATEWAY_HELPERS[1]}"}
 
@@ -467,19 +476,63 @@ def key_file_text(key: str) -> str:
 
 
 def secret_files(env_files: Sequence[str], api_key: str, admin_key: str, gateway: Mapping[str, str],
-                 control_key: str) -> list[dict[str, str]]:
+                 control_key: str, tls: Mapping[str, Any] | None = None,
+                 worker_tls: Mapping[str, Any] | None = None) -> list[dict[str, str]]:
     """{path, content} of every secret file the deploy would write: what host_state compares on the host (its
-    `secrets` option, never logged) instead of hashing key material into its output."""
+    `secrets` option, never logged) instead of hashing key material into its output. The endpoint's TLS
+    certificate and CA are public and read as plain files (tls_files)."""
     out = [{"path": str(path), "content": engine_env_text(api_key, admin_key)} for path in env_files]
     if api_key:
         out.append({"path": gateway["api_key"], "content": key_file_text(api_key)})
     if control_key:
         out.append({"path": gateway["control_plane_key"], "content": key_file_text(control_key)})
+    if tls_enabled(tls):
+        out.append({"path": gateway["tls_key"], "content": tls_text(tls, "key")})
+    if tls_enabled(worker_tls):  # the replicas another host's gateway reaches over TLS: certificate and key each
+        out += [{"path": engine_tls_paths(str(path))[part], "content": tls_text(worker_tls, part)}
+                for path in env_files for part in ("cert", "key")]
     return out
 
 
+def tls_enabled(tls: Mapping[str, Any] | None) -> bool:
+    return isinstance(tls, Mapping) and tls.get("enabled") is True
+
+
+def tls_text(tls: Mapping[str, Any] | None, part: str) -> str:
+    """The text of one TLS file as the roles write it (PEM, ending in one newline)."""
+    text = str((tls or {}).get(_TLS_TEXT[part]) or "")
+    return text.rstrip("\n") + "\n" if text else ""
+
+
+def gateway_tls_parts(tls: Mapping[str, Any] | None) -> list[str]:
+    """The gateway's TLS credentials a setting asks for: the listener's certificate and key when TLS is on, the
+    team's CA whenever one is given (smg verifies HTTPS workers, other hosts' replicas, against it)."""
+    parts = ["cert", "key"] if tls_enabled(tls) else []
+    return parts + (["ca"] if tls_text(tls, "ca") else [])
+
+
+def engine_tls_todo(state: Mapping[str, Any], paths: Mapping[str, str], tls: bool) -> str:
+    """The engine's TLS files against its replica's plan: 'write' when it serves HTTPS and they do not hold what the
+    deploy would write (compared on the host), 'remove' when it does not and they are left, else ''."""
+    from dflash_infra import host_state
+
+    if tls:
+        ok = all(host_state.secret_matches(state, paths[f"tls_{part}"], "0600", "root", "root")
+                 for part in ("cert", "key"))
+        return "" if ok else "write"
+    left = any(host_state.path_entry(state, paths[f"tls_{part}"]).get("exists") for part in ("cert", "key"))
+    return "remove" if left else ""
+
+
+def engine_tls_paths(env_file: str) -> dict[str, str]:
+    """Where a replica's certificate and key live beside its environment file (root 0600, credentials of its unit)."""
+    stem = str(env_file)[: -len(".env")] if str(env_file).endswith(".env") else str(env_file)
+    return {"cert": f"{stem}.tls-cert", "key": f"{stem}.tls-key"}
+
+
 def gateway_todo(state: Mapping[str, Any], paths: Mapping[str, str], unit: str, unit_sha256: str,
-                 api_key: str, control_key: str, helper_sha256: Mapping[str, str]) -> dict[str, Any]:
+                 api_key: str, control_key: str, helper_sha256: Mapping[str, str],
+                 tls: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """What the gateway role must do, from host_state: the folders (root-owned; credentials 0700), the helpers
     whose content differs, the key files (no api_key: the endpoint has none, a file left from before is removed;
     no control_key: one is made on the host when none is there), the unit, enable, start; and whether the running
@@ -505,15 +558,36 @@ def gateway_todo(state: Mapping[str, Any], paths: Mapping[str, str], unit: str, 
         "api_key_remove": not api_key and bool(api_key_file.get("exists")),
         "control_key": ("write" if control_key and not holds(paths["control_plane_key"])
                         else "make" if not control_key and not control_file.get("exists") else ""),
+        "tls": _tls_todo(state, paths, tls, holds),
         "unit": not matches(paths["unit"], unit_sha256, "0644"),
         "enable": props.get("UnitFileState") != "enabled",
         "start": props.get("ActiveState") != "active",
     }
     todo["restart"] = not todo["start"] and bool(
         todo["unit"] or GATEWAY_HELPERS[0] in todo["helpers"] or todo["api_key"] or todo["api_key_remove"]
-        or todo["control_key"])
+        or todo["control_key"] or todo["tls"])
     todo["any"] = any(bool(v) for v in todo.values())
     return todo
+
+
+def _tls_todo(state: Mapping[str, Any], paths: Mapping[str, str], tls: Mapping[str, Any] | None,
+              holds: Any) -> str:
+    """'write' when a TLS file the setting asks for differs (the certificate and CA by their sha256, public; the key
+    on the host) or one it does not ask for is left ('remove' when only that), else ''."""
+    from dflash_infra import host_state
+
+    wanted = gateway_tls_parts(tls)
+
+    def same(part: str) -> bool:
+        if part == "key":
+            return bool(holds(paths["tls_key"]))
+        return host_state.file_matches(state, paths[f"tls_{part}"],
+                                       hashlib.sha256(tls_text(tls, part).encode()).hexdigest(), "0600", "root", "root")
+
+    left = [p for p in TLS_PARTS if p not in wanted and host_state.path_entry(state, paths[f"tls_{p}"]).get("exists")]
+    if not all(same(part) for part in wanted):
+        return "write"
+    return "remove" if left else ""
 
 
 def gateway_key_first(state: Mapping[str, Any], paths: Mapping[str, str], unit: str, api_key: str) -> bool:
@@ -561,6 +635,8 @@ __all__ = [
     "engine_env_text",
     "engine_problems",
     "engine_status",
+    "engine_tls_paths",
+    "engine_tls_todo",
     "environment_inputs_problems",
     "environment_problems",
     "exec_start_lines",
@@ -568,6 +644,7 @@ __all__ = [
     "gateway_exec_start_lines",
     "gateway_paths",
     "gateway_record",
+    "gateway_tls_parts",
     "gateway_todo",
     "key_file_text",
     "key_problems",
@@ -584,5 +661,7 @@ __all__ = [
     "systemd_environment",
     "systemd_quote",
     "systemd_text",
+    "tls_enabled",
+    "tls_text",
     "unit_argv",
 ]

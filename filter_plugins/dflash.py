@@ -9,11 +9,11 @@ from pathlib import Path
 from typing import Any
 
 try:
-    from dflash_infra import monitoring, plan_inputs, planner, preflight, rollout
+    from dflash_infra import monitoring, plan_inputs, planner, preflight, rollout, tls
     from dflash_infra.ansible_filters import as_filters
 except ImportError:  # running from a checkout whose package is not installed in this Python
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from dflash_infra import monitoring, plan_inputs, planner, preflight, rollout
+    from dflash_infra import monitoring, plan_inputs, planner, preflight, rollout, tls
     from dflash_infra.ansible_filters import as_filters
 
 
@@ -50,4 +50,5 @@ class FilterModule:
             "dflash_identity_problems": dflash_identity_problems,
             "dflash_serving_problems": dflash_serving_problems,
             "dflash_endpoint_problems": preflight.endpoint_problems,
+            "dflash_tls_preflight": tls.preflight,
         })

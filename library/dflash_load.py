@@ -86,9 +86,14 @@ import subprocess
 import threading
 import time
 import urllib.parse
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ansible.module_utils.basic import AnsibleModule
+
+if TYPE_CHECKING:
+    from dflash_state.health import loopback_tls
+else:
+    from ansible.module_utils.dflash_state.health import loopback_tls
 
 UNIT_PROPS = ("NRestarts", "InvocationID", "ActiveState")
 # The options a workload (the load gate's mapping) gives defaults for, each with its type and its own default.
@@ -170,7 +175,8 @@ class Client:
 
     def __init__(self, url: str, key: str, timeout: float) -> None:
         parts = urllib.parse.urlsplit(url)
-        self.host, self.port = str(parts.hostname), parts.port or 80
+        self.tls = loopback_tls(url)  # the gateway's endpoint over TLS (docs/serving.md, "TLS")
+        self.host, self.port = str(parts.hostname), parts.port or (443 if self.tls else 80)
         self.prefix = parts.path.rstrip("/")
         self.timeout = timeout
         self.headers = {"Content-Type": "application/json"}
@@ -181,7 +187,9 @@ class Client:
     def open(self, path: str, body: dict[str, Any]) -> http.client.HTTPResponse:
         """The response, its body not read yet (a stream is read event by event)."""
         if self.conn is None:
-            self.conn = http.client.HTTPConnection(self.host, self.port, timeout=self.timeout)
+            self.conn = (http.client.HTTPSConnection(self.host, self.port, timeout=self.timeout, context=self.tls)
+                         if self.tls is not None else
+                         http.client.HTTPConnection(self.host, self.port, timeout=self.timeout))
         try:
             self.conn.request("POST", self.prefix + path, body=json.dumps(body), headers=self.headers)
             return self.conn.getresponse()

@@ -15,8 +15,9 @@ description:
     atomically (a new link renamed over the old one).
   - With I(record), its C(content) is written to its C(path) (C(0644) root:root, written under a temporary name,
     flushed to disk and renamed into place); a record already holding exactly that content is left alone.
-  - With I(keep) (and I(link)), the snapshot folders beside I(dest) are pruned after the record is written: the
-    I(keep) newest C(<stamp>-deployed) ones (I(dest) among them) stay, every other C(<stamp>-deployed) or
+  - With I(keep) (and I(link)), the snapshot folders beside I(dest) are pruned after the record is written: I(dest),
+    the snapshots the record names (its own C(unit_backup) and its previous deployment's, which a rollback restores)
+    and the newest other C(<stamp>-deployed) ones up to I(keep) in all stay; every other C(<stamp>-deployed) or
     C(<stamp>-replaced) folder goes (they hold environment files with keys that may since have been rotated).
     Nothing else in that folder is touched.
   - The steps run in that order, so a record never names a snapshot that is not complete on disk.
@@ -43,6 +44,7 @@ recorded: {description: Whether the record was (or would be) written., type: boo
 pruned: {description: The snapshot folders removed (or that would be) by I(keep)., type: list, returned: always}
 """
 
+import json
 import os
 import re
 import shutil
@@ -108,9 +110,23 @@ def write_record(path: str, content: str) -> bool:
 SNAPSHOT = re.compile(r"^[0-9]{8}T[0-9]{6}Z-(deployed|replaced)$")
 
 
-def prunable(folder: str, target: str, keep: int) -> list[str]:
-    """The snapshot folders of `folder` that `keep` good ones leave over (`target`, the new good one, always stays);
-    only folders named as this module names snapshots."""
+def named(record: str | None) -> set[str]:
+    """The snapshot folders a deployment record names: its own and its previous deployment's (unit_backup)."""
+    try:
+        data = json.loads(record or "{}")
+    except ValueError:
+        return set()
+    out = set()
+    for entry in (data, data.get("previous") if isinstance(data, dict) else None):
+        if isinstance(entry, dict) and isinstance(entry.get("unit_backup"), str):
+            out.add(os.path.basename(entry["unit_backup"].rstrip("/")))
+    return out
+
+
+def prunable(folder: str, target: str, keep: int, record: str | None = None) -> list[str]:
+    """The snapshot folders of `folder` that `keep` good ones leave over: `target` (the new good one) and the ones the
+    record names always stay, then the newest other deployed ones up to `keep`; only folders named as this module
+    names snapshots."""
     if keep < 1:
         return []
     try:
@@ -118,8 +134,11 @@ def prunable(folder: str, target: str, keep: int) -> list[str]:
                        and not os.path.islink(os.path.join(folder, n)))
     except FileNotFoundError:
         return []
-    deployed = [n for n in names if n.endswith("-deployed") and n != target]
-    kept = {target, *deployed[len(deployed) - (keep - 1):]} if keep > 1 else {target}
+    kept = {target} | (named(record) & set(names))
+    for name in reversed([n for n in names if n.endswith("-deployed") and n not in kept]):
+        if len(kept) >= keep:
+            break
+        kept.add(name)
     return [n for n in names if n not in kept]
 
 
@@ -164,7 +183,7 @@ def main() -> None:
     if module.check_mode:
         linked = bool(link) and not (os.path.islink(link) and os.readlink(link) == target)
         recorded = bool(record) and record_would_change(record["path"], record["content"])
-        pruned = prunable(folder, target, keep)
+        pruned = prunable(folder, target, keep, (record or {}).get("content"))
         module.exit_json(changed=bool(present) or not os.path.isdir(dest) or linked or recorded or bool(pruned),
                          copied=present, missing=missing, linked=linked, recorded=recorded, pruned=pruned, diff=diff)
     try:
@@ -176,7 +195,7 @@ def main() -> None:
             copy_into(source, dest)
         linked = point(link, target) if link else False
         recorded = write_record(record["path"], record["content"]) if record else False
-        pruned = prunable(folder, target, keep)
+        pruned = prunable(folder, target, keep, (record or {}).get("content"))
         for name in pruned:
             shutil.rmtree(os.path.join(folder, name))
     except OSError as exc:

@@ -45,6 +45,9 @@ def test_the_gateways_paths_are_derived_from_its_unit_name() -> None:
                      "credentials": "/etc/dflash-infra/smg-gateway",
                      "api_key": "/etc/dflash-infra/smg-gateway/api-key",
                      "control_plane_key": "/etc/dflash-infra/smg-gateway/control-plane-key",
+                     "tls_cert": "/etc/dflash-infra/smg-gateway/tls-cert",
+                     "tls_key": "/etc/dflash-infra/smg-gateway/tls-key",
+                     "tls_ca": "/etc/dflash-infra/smg-gateway/tls-ca",
                      "libexec_dir": "/usr/local/lib/dflash-infra", "helpers": ["smg-launch", "smg-ctl"],
                      "launcher": "/usr/local/lib/dflash-infra/smg-launch", "ctl": "/usr/local/lib/dflash-infra/smg-ctl"}
     with pytest.raises(serving.ServingError, match=re.escape("ending in .service")):

@@ -130,3 +130,19 @@ def test_each_replica_that_restarted_under_the_gateways_load_is_named() -> None:
         "r1.service restarted during the load run (NRestarts 0 -> 2, now activating): it crashed under load; "
         "r3.service restarted during the load run (NRestarts 0 -> 2, now activating): it crashed under load")
     assert loadgate.restarts_problem({"r0.service": quiet}) == "" and loadgate.restarts_problem(None) == ""
+
+
+def test_figures_over_https_are_not_held_against_figures_over_http() -> None:
+    """A TLS handshake per connection weighs on a short run: turning TLS on records without comparing, and two runs
+    over the same transport compare as before (a record made before TLS existed is plain HTTP's)."""
+    settings = {"prompts": [{"name": "p", "messages": []}], "max_tokens": 8, "requests": 4, "min_accept_length": 1.0,
+                "max_regression": 0.5}
+    fast = [row(4, 1000.0)]
+    slow = [row(4, 100.0)]
+    plain = loadgate.verdict(fast, None, settings, speculative=True)["load"]
+    assert "transport" not in plain["inputs"]
+    tls = loadgate.verdict(slow, plain, settings, speculative=True, transport="https")
+    assert tls["passed"] and any("recorded without comparing" in line for line in tls["lines"])
+    again = loadgate.verdict(slow, {"inputs": tls["load"]["inputs"], "figures": fast}, settings, speculative=True,
+                             transport="https")
+    assert not again["passed"]  # over the same transport a tenth of the throughput is a regression

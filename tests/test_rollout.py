@@ -175,7 +175,7 @@ def test_a_replica_runs_from_the_plan_with_its_own_argv_gpus_and_address() -> No
                          for i in range(4)]}
     one = rollout.replica_plan(plan, 3)
     assert (one["args"], one["gpu_ids"], one["dp_size"], one["tp_size"]) == (["--port", "30004"], [6, 7], 1, 2)
-    assert one["serve"] == {"host": "127.0.0.1", "port": 30004, "served_model_name": "Qwen3.6-27B"}
+    assert one["serve"] == {"host": "127.0.0.1", "port": 30004, "served_model_name": "Qwen3.6-27B", "tls": False}
     assert plan["gpu_ids"] == list(range(8)) and plan["serve"]["port"] == 30000  # the plan itself is unchanged
     assert [w["name"] for w in rollout.wanted(plan, "sglang-qwen.service")] == [
         f"sglang-qwen-r{i}.service" for i in range(4)]

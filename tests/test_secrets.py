@@ -101,3 +101,23 @@ def test_good_deploys_prune_older_snapshots_of_units_and_environment_files(tmp_p
                                          "last-good", "notes.txt"]
     again = run_module("dflash_unit_snapshot", args)
     assert again["pruned"] == [] and not again["linked"]
+
+
+def test_pruning_keeps_the_snapshots_the_record_names_after_an_on_demand_rollback(tmp_path: Path) -> None:
+    """After a rollback the record's current deployment is the OLDER snapshot and its previous the newer one: a new
+    good deploy keeps both the record names (the one it restores next), whatever their age, and prunes the rest."""
+    units = tmp_path / "units"
+    units.mkdir()
+    for name in ("20261201T000000Z-deployed", "20261202T000000Z-deployed", "20261203T000000Z-deployed"):
+        (units / name).mkdir()
+    (units / "last-good").symlink_to("20261201T000000Z-deployed")  # rolled back to the first
+    unit = tmp_path / "u.service"
+    unit.write_text("[Service]\n")
+    dest = units / "20261204T000000Z-deployed"
+    record = {"unit_backup": str(dest), "previous": {"unit_backup": str(units / "20261201T000000Z-deployed")}}
+    args = {"files": [str(unit)], "dest": str(dest), "link": str(units / "last-good"), "keep": 2,
+            "record": {"path": str(tmp_path / "deployment.json"), "content": json.dumps(record) + "\n"}}
+    done = run_module("dflash_unit_snapshot", args)
+    assert done["pruned"] == ["20261202T000000Z-deployed", "20261203T000000Z-deployed"]
+    assert sorted(p.name for p in units.iterdir() if p.name.endswith("-deployed")) == [
+        "20261201T000000Z-deployed", "20261204T000000Z-deployed"]

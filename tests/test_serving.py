@@ -342,3 +342,14 @@ def test_an_on_demand_rollback_makes_the_previous_deployment_current() -> None:
                     "previous": {"deployed_at": "t2", "unit_backup": "/u/2-deployed"}}
     with pytest.raises(serving.ServingError, match=r"previous\.unit_backup"):
         serving.rolled_back_record({"previous": None}, "t3")
+
+
+def test_the_launcher_hands_the_units_tls_credentials_to_the_engine_as_paths(tmp_path: Path) -> None:
+    launch = load_script("sglang-launch")
+    assert launch.tls_args({}) == []
+    (tmp_path / "tls-cert").write_text("cert")
+    with pytest.raises(SystemExit, match="needs the credentials tls-cert and tls-key; found only tls-cert"):
+        launch.tls_args({"CREDENTIALS_DIRECTORY": str(tmp_path)})
+    (tmp_path / "tls-key").write_text("key")
+    assert launch.tls_args({"CREDENTIALS_DIRECTORY": str(tmp_path)}) == [
+        "--ssl-certfile", str(tmp_path / "tls-cert"), "--ssl-keyfile", str(tmp_path / "tls-key")]

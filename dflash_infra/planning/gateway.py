@@ -43,6 +43,9 @@ DEFAULTS: dict[str, Any] = {
     # worker_address (the inventory's name of this host). Their /health and /metrics answer without a key there.
     "remote": False,
     "worker_address": "",  # the host part of the replicas' URLs for the gateway; empty: worker_host
+    # true on such a host when its replicas serve HTTPS (dflash_worker_tls: the engine's --ssl-certfile/--ssl-keyfile
+    # from its unit's credentials): the gateway reaches them at https:// and verifies them against the team's CA.
+    "worker_tls": False,
 }
 # Setting -> smg flag, in the order the argv lists them (after --host, --port, --worker-urls).
 FLAGS = (("policy", "--policy"), ("retry_max_retries", "--retry-max-retries"),
@@ -69,19 +72,25 @@ class Gateway:
     def worker_port(self, index: int) -> int:
         return int(self.settings["worker_base_port"]) + index
 
+    @property
+    def scheme(self) -> str:
+        return "https" if self.settings.get("worker_tls") is True else "http"
+
     def worker_url(self, index: int) -> str:
         """Where the gateway reaches replica `index`."""
-        return _url(str(self.settings["worker_address"] or self.settings["worker_host"]), self.worker_port(index))
+        return _url(str(self.settings["worker_address"] or self.settings["worker_host"]), self.worker_port(index),
+                    self.scheme)
 
     def local_url(self, index: int) -> str:
         """Where the replica's own host reaches it (loopback for a wildcard listen address)."""
         host = str(self.settings["worker_host"])
         wildcard = _address(host)
-        return _url("127.0.0.1" if wildcard is not None and wildcard.is_unspecified else host, self.worker_port(index))
+        return _url("127.0.0.1" if wildcard is not None and wildcard.is_unspecified else host, self.worker_port(index),
+                    self.scheme)
 
 
-def _url(host: str, port: int) -> str:
-    return f"http://{f'[{host}]' if ':' in host else host}:{port}"
+def _url(host: str, port: int, scheme: str = "http") -> str:
+    return f"{scheme}://{f'[{host}]' if ':' in host else host}:{port}"
 
 
 def _address(value: Any) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
@@ -120,6 +129,11 @@ def validate(raw: Any, serve: Mapping[str, Any], errors: list[str]) -> Gateway |
         errors.append(f"serve: the gateway's endpoint needs an IP address and a port, found host {host!r}, "
                       f"port {port!r}")
     worker = _address(settings["worker_host"])
+    if not isinstance(settings["worker_tls"], bool):
+        errors.append(f"gateway.worker_tls: expected true or false, found {settings['worker_tls']!r}")
+    elif settings["worker_tls"] and settings["remote"] is not True:
+        errors.append("gateway.worker_tls: only replicas a gateway on another host fronts serve TLS (remote: true); "
+                      "this host's own replicas are reached on loopback")
     if not isinstance(settings["remote"], bool):
         errors.append(f"gateway.remote: expected true or false, found {settings['remote']!r}")
     elif settings["remote"]:
@@ -204,7 +218,9 @@ def checked_section(raw: Any, serve: Mapping[str, Any], replicas: int) -> dict[s
 
 
 def replica(index: int, gpu_ids: list[int], gateway: Gateway, args: list[str]) -> dict[str, Any]:
-    """One replica: its GPUs (as the host numbers them), port, URL and engine argv."""
+    """One replica: its GPUs (as the host numbers them), port, URL and engine argv; `tls` when it serves HTTPS
+    (its unit gives the engine its certificate and key)."""
     return {"index": index, "gpu_ids": list(gpu_ids), "cuda_visible_devices": ",".join(str(g) for g in gpu_ids),
             "host": str(gateway.settings["worker_host"]), "port": gateway.worker_port(index),
-            "url": gateway.worker_url(index), "local_url": gateway.local_url(index), "args": list(args)}
+            "url": gateway.worker_url(index), "local_url": gateway.local_url(index), "args": list(args),
+            "tls": gateway.scheme == "https"}

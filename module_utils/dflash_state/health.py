@@ -2,16 +2,43 @@
 
 from __future__ import annotations
 
+import http.client
+import ipaddress
+import ssl
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from typing import Any
+
+
+def loopback_tls(url: str) -> ssl.SSLContext | None:
+    """The TLS context for the host's own HTTPS endpoint on a loopback address (the gateway serving the team's
+    certificate, whose names are the endpoint's, not 127.0.0.1): encrypted, not authenticated, which on loopback
+    only the host itself can answer. None for plain HTTP; a non-loopback HTTPS URL gets Python's verified default."""
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme != "https":
+        return None
+    try:
+        loopback = ipaddress.ip_address(str(parts.hostname)).is_loopback
+    except ValueError:
+        loopback = parts.hostname == "localhost"
+    if not loopback:
+        return ssl.create_default_context()
+    context = ssl.create_default_context()
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE
+    return context
 
 
 def get(url: str, timeout: float = 3.0) -> dict[str, Any]:
     """{url, status (HTTP code, or None when nothing answered), error, elapsed_s}."""
     start = time.monotonic()
-    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # the host's own endpoints, never a proxy
+    handlers: list[Any] = [urllib.request.ProxyHandler({})]  # the host's own endpoints, never a proxy
+    context = loopback_tls(url)
+    if context is not None:
+        handlers.append(urllib.request.HTTPSHandler(context=context))
+    opener = urllib.request.build_opener(*handlers)
     try:
         with opener.open(url, timeout=timeout) as response:
             status: int | None = response.status
@@ -20,4 +47,6 @@ def get(url: str, timeout: float = 3.0) -> dict[str, Any]:
         status, error = exc.code, str(exc.reason)
     except (urllib.error.URLError, OSError) as exc:
         status, error = None, str(getattr(exc, "reason", exc))
+    except http.client.HTTPException as exc:  # another protocol on the port (HTTP to a TLS listener): not an answer
+        status, error = None, f"{type(exc).__name__}: not an HTTP answer"
     return {"url": url, "status": status, "error": error, "elapsed_s": round(time.monotonic() - start, 3)}

@@ -462,6 +462,93 @@ def test_a_changed_gateway_setting_restarts_only_the_gateway_and_the_outage_is_m
     assert figures["requests"] > 50
 
 
+def lab_ca(folder: Path, name: str) -> tuple[Path, Path]:
+    """A CA made on the fly with Debian's openssl: its certificate and key."""
+    cert, key = folder / f"{name}.pem", folder / f"{name}.key"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
+                    "-keyout", str(key), "-out", str(cert), "-days", "30", "-subj", f"/CN={name}"],
+                   check=True, capture_output=True)
+    return cert, key
+
+
+def endpoint_certificate(folder: Path, ca: tuple[Path, Path], address: str, days: int,
+                         name: str = "ct200") -> tuple[str, str]:
+    """A host's certificate (its address as an IP SAN, valid `days`) signed by `ca`, and its key (PEM)."""
+    key, csr, cert = folder / f"{name}.key", folder / f"{name}.csr", folder / f"{name}.pem"
+    subprocess.run(["openssl", "req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
+                    "-keyout", str(key), "-out", str(csr), "-subj", f"/CN={name}"], check=True, capture_output=True)
+    (folder / "san.cnf").write_text(f"subjectAltName=IP:{address}\n")
+    subprocess.run(["openssl", "x509", "-req", "-in", str(csr), "-CA", str(ca[0]), "-CAkey", str(ca[1]),
+                    "-CAcreateserial", "-out", str(cert), "-days", str(days), "-extfile", str(folder / "san.cnf")],
+                   check=True, capture_output=True)
+    return cert.read_text(), key.read_text()
+
+
+def test_the_endpoint_serves_tls_that_real_clients_verify_and_a_wrong_ca_is_refused(
+        routed: LabHandle, tmp_path: Path) -> None:
+    """dflash_endpoint_tls with a CA made on the fly: the real smg serves HTTPS with the endpoint's certificate (its
+    key a credential of the unit, never in a file anyone else reads); curl --cacert and OpenAI's Python client verify
+    it and get the model list and a completion; a client trusting another CA is refused, and plain HTTP gets no answer.
+    Only the gateway restarts; a certificate valid 20 days is warned about (30 days ahead); a second run changes
+    nothing; turning TLS off serves plain HTTP again."""
+    import ssl
+
+    import httpx
+    import openai
+
+    ct200 = routed.addresses["ct200"]
+    ca = lab_ca(tmp_path, "lab-ca")
+    wrong = lab_ca(tmp_path, "other-ca")
+    certificate, key = endpoint_certificate(tmp_path, ca, ct200, days=20)
+    settings = {**KEPT, "dflash_gateway_settings": changed_gateway_settings(ct200)}
+    on = {**settings, "dflash_endpoint_tls": {"enabled": True, "certificate": certificate, "key": key,
+                                              "ca": ca[0].read_text()}}
+    result = play("deploy_dflash.yml", extra=on)
+    out = " ".join(result.stdout.split())
+    assert result.returncode == 0, out[-5000:]
+    assert out.count("unchanged; gates ready") == 4, out[-3000:]  # the replicas are not touched
+    assert re.search(r"ct200: the endpoint'?'s certificate expires on \d{4}-\d\d-\d\d \(in 19 days\); renew it", out), \
+        out[-3000:]
+    # Figures over HTTPS are not held against the previous deploy's over HTTP (a handshake per connection).
+    gate = re.search(r"load gate through smg-gateway\.service: ([^']*)'", out)
+    assert gate and "previous deployment:" not in gate.group(1), out[-3000:]
+    unit = routed.ssh("ct200", "systemctl", "cat", "smg-gateway.service").stdout
+    assert "LoadCredential=tls-key:/etc/dflash-infra/smg-gateway/tls-key" in unit and "BEGIN" not in unit
+    assert key.splitlines()[1] not in result.stdout + routed.ssh("ct200", "journalctl", "-u", "smg-gateway.service",
+                                                                  "--no-pager").stdout
+
+    url = f"https://{ct200}:30000"
+    verified = subprocess.run(["curl", "-sS", "--noproxy", "*", "--cacert", str(ca[0]), f"{url}/v1/models"],
+                              capture_output=True, text=True, timeout=30)
+    assert verified.returncode == 0 and "Qwen3.6-27B" in verified.stdout, verified.stderr
+    refused = subprocess.run(["curl", "-sS", "--noproxy", "*", "--cacert", str(wrong[0]), f"{url}/v1/models"],
+                             capture_output=True, text=True, timeout=30)
+    assert refused.returncode == 60, (refused.returncode, refused.stderr)  # peer certificate cannot be verified
+    plain = subprocess.run(["curl", "-sS", "--noproxy", "*", "-o", "/dev/null", "-w", "%{http_code}",
+                            f"http://{ct200}:30000/health"], capture_output=True, text=True, timeout=30)
+    assert plain.returncode != 0 or plain.stdout != "200", plain
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0,
+                           http_client=httpx.Client(verify=ssl.create_default_context(cafile=str(ca[0])),
+                                                       trust_env=False, timeout=30))
+    assert "Qwen3.6-27B" in [m.id for m in client.models.list().data]
+    answer = client.chat.completions.create(model="Qwen3.6-27B", max_tokens=8,
+                                            messages=[{"role": "user", "content": "Say hello"}])
+    assert answer.choices[0].message.content
+    stranger = openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0,
+                             http_client=httpx.Client(verify=ssl.create_default_context(cafile=str(wrong[0])),
+                                                       trust_env=False, timeout=30))
+    with pytest.raises(openai.APIConnectionError):
+        stranger.models.list()
+
+    again = play("deploy_dflash.yml", extra=on)
+    assert again.returncode == 0 and recap(again)["changed"] == 0, again.stdout[-3000:]
+    off = play("deploy_dflash.yml", extra=settings)
+    assert off.returncode == 0, off.stdout[-5000:]
+    assert "tls-" not in routed.ssh("ct200", "ls", "/etc/dflash-infra/smg-gateway").stdout
+    with urllib.request.urlopen(f"http://{ct200}:30000/health", timeout=10) as response:
+        assert response.status == 200
+
+
 def test_a_candidate_whose_acceptance_collapses_under_load_fails_on_the_canary_and_is_rolled_back(
         routed: LabHandle, tmp_path: Path) -> None:
     """Acceptance collapsing to 1.0 at concurrency >= 2 (the full-CUDA-graph verify fault; the stand-in's
@@ -598,9 +685,13 @@ def host_recap(result: subprocess.CompletedProcess[str], host: str) -> dict[str,
     return {k: int(v) for k, v in re.findall(r"(\w+)=(\d+)", match.group(1))}
 
 
-def requests_served(url: str) -> float:
-    """How many requests an engine finished since it started (its sglang:num_requests_total)."""
-    with urllib.request.urlopen(f"{url}/metrics", timeout=5) as r:
+def requests_served(url: str, cafile: Path | None = None) -> float:
+    """How many requests an engine finished since it started (its sglang:num_requests_total); over HTTPS verified
+    against `cafile`."""
+    import ssl
+
+    context = ssl.create_default_context(cafile=str(cafile)) if cafile is not None else None
+    with urllib.request.urlopen(f"{url}/metrics", timeout=5, context=context) as r:
         return sum(float(line.rsplit(" ", 1)[1]) for line in r.read().decode().splitlines()
                    if line.startswith("sglang:num_requests_total"))
 
@@ -723,7 +814,65 @@ def test_a_second_host_serves_the_same_endpoint_behind_ct200s_gateway_and_rolls_
                                  playbook=name)
             assert refused.returncode != 0 and refusal in " ".join(refused.stdout.split()), refused.stdout[-3000:]
             assert host_recap(refused, limit)["changed"] == 0
+        check_the_hop_over_tls(routed, tmp_path, ct200, ct201)
     finally:
         routed.cli_ok("remove", "ct201")
     assert "ct201" not in subprocess.run([tool("ansible-inventory"), "-i", "inventory/lab", "--list"], cwd=ROOT,
                                          env=ansible_environment(), capture_output=True, text=True).stdout
+
+
+def check_the_hop_over_tls(routed: LabHandle, tmp_path: Path, ct200: str, ct201: str) -> None:
+    """The hop from ct200's gateway to ct201's replica over TLS (dflash_worker_tls on ct201, the team's CA in ct200's
+    dflash_endpoint_tls.ca; a CA made on the fly): the replica serves HTTPS only with ct201's certificate, the gateway
+    reaches it at https:// and verifies it against the CA, the load through the gateway reaches it with no request
+    failing, a client trusting another CA is refused; a second run changes nothing on either host."""
+    folder = tmp_path / "hop"
+    folder.mkdir()
+    ca = lab_ca(folder, "team-ca")
+    wrong = lab_ca(folder, "other-ca")
+    certificate, key = endpoint_certificate(folder, ca, ct201, days=90, name="ct201")
+    with_ca = {"dflash_endpoint_tls": {"enabled": False, "certificate": "", "key": "", "ca": ca[0].read_text()}}
+    extra = {**with_ca, "ct201_tls": {"enabled": True, "certificate": certificate, "key": key},
+             "dflash_worker_tls": "{{ ct201_tls if inventory_hostname == 'ct201' else {'enabled': false} }}"}
+    # The gateway must run with the team's CA before a replica it fronts turns to HTTPS (it is added back there as
+    # it rolls, before the gateway's own turn): refused up front, then the CA first, then the hop.
+    early = group_play("ct200,ct201", extra=extra)
+    assert early.returncode != 0 and "ct201: dflash_worker_tls: the gateway on ct200 does not run with the team" in \
+        " ".join(early.stdout.split()), early.stdout[-3000:]
+    assert host_recap(early, "ct201")["changed"] == 0
+    ca_first = group_play("ct200,ct201", extra=with_ca)
+    assert ca_first.returncode == 0, ca_first.stdout[-3000:]
+    assert "restarted and added back" not in ca_first.stdout, ca_first.stdout[-3000:]  # no replica restarts for it
+    assert "LoadCredential=tls-ca:" in routed.ssh("ct200", "systemctl", "cat", "smg-gateway.service").stdout
+    hopped = group_play("ct200,ct201", extra=extra)  # the gateway restarts for its new worker URL: its one outage
+    out = " ".join(hopped.stdout.split())
+    assert hopped.returncode == 0, out[-5000:]
+    load = Load(f"http://{ct200}:30000", tmp_path / "hop-load")
+    worker = f"https://{ct201}:30001"
+    unit = routed.ssh("ct201", "systemctl", "cat", "sglang-qwen-r0.service").stdout
+    assert "LoadCredential=tls-key:/etc/dflash-infra/sglang-qwen-r0.tls-key" in unit and "BEGIN" not in unit
+    assert worker in routed.ssh("ct200", "systemctl", "cat", "smg-gateway.service").stdout
+    ctl = ["python3", "/usr/local/lib/dflash-infra/smg-ctl", "--url", f"http://{ct200}:30000", "--credentials",
+           "/etc/dflash-infra/smg-gateway", "workers"]
+    workers = {w["url"]: w for w in json.loads(routed.ssh("ct200", *ctl).stdout)["workers"]}
+    assert workers[worker]["status"] == "ready" and workers[worker]["healthy"], workers
+    served = requests_served(worker, ca[0])
+    while served == 0 and load.requests() < 400:  # the gateway routes the endpoint's load to ct201 over TLS
+        load.wait_requests(10)
+        served = requests_served(worker, ca[0])
+    figures = load.stop()
+    assert served > 0 and figures["failed"] == 0, (served, figures)
+    verified = subprocess.run(["curl", "-sS", "--noproxy", "*", "--cacert", str(ca[0]), f"{worker}/health"],
+                              capture_output=True, text=True, timeout=30)
+    assert verified.returncode == 0, verified.stderr
+    refused = subprocess.run(["curl", "-sS", "--noproxy", "*", "--cacert", str(wrong[0]), f"{worker}/health"],
+                             capture_output=True, text=True, timeout=30)
+    assert refused.returncode == 60, (refused.returncode, refused.stderr)
+    plain = subprocess.run(["curl", "-sS", "--noproxy", "*", "-o", "/dev/null", "-w", "%{http_code}",
+                            f"http://{ct201}:30001/health"], capture_output=True, text=True, timeout=30)
+    assert plain.returncode != 0 or plain.stdout != "200", plain
+    again = group_play("ct200,ct201", extra=extra)
+    assert again.returncode == 0 and host_recap(again, "ct200")["changed"] == 0 and \
+        host_recap(again, "ct201")["changed"] == 0, again.stdout[-3000:]
+    print(f"\nthe hop to ct201 over TLS: {figures['requests']} requests through the gateway, {figures['failed']} "
+          f"failed; ct201's replica served {served:.0f} over HTTPS")

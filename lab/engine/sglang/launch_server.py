@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import os
 import signal
+import ssl
 import sys
 import threading
 import time
@@ -316,6 +317,12 @@ def serve(args: dict[str, Any], resolved: rules.Resolved, s: memory.Startup, set
         log(f"ERROR:    [Errno {e.errno}] error while attempting to bind on address ({host!r}, {port}): "
             f"{(e.strerror or str(e)).lower()}")
         return 1
+    scheme = "http"
+    if args.get("ssl_certfile") and args.get("ssl_keyfile"):  # as uvicorn serves with SGLang's --ssl-* (HTTPS only)
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        context.load_cert_chain(str(args["ssl_certfile"]), str(args["ssl_keyfile"]))
+        httpd.socket = context.wrap_socket(httpd.socket, server_side=True, do_handshake_on_connect=False)
+        scheme = "https"
     registration = gpus.register(env, setup.gpus, s.used_mib(setup.memory_total_mib, setup.memory_used_mib))
     thread = threading.Thread(target=httpd.serve_forever, name="http", daemon=True)
     thread.start()
@@ -323,7 +330,7 @@ def serve(args: dict[str, Any], resolved: rules.Resolved, s: memory.Startup, set
         log(f"INFO:     Started server process [{os.getpid()}]")
         log("INFO:     Waiting for application startup.")
         log("INFO:     Application startup complete.")
-        log(f"INFO:     Uvicorn running on http://{host}:{port} (Press CTRL+C to quit)")
+        log(f"INFO:     Uvicorn running on {scheme}://{host}:{port} (Press CTRL+C to quit)")
         if _flag(env, "SGLANG_STANDIN_HANG"):
             log("lab stand-in: SGLANG_STANDIN_HANG is set; the server will never become ready")
         elif not stop.wait(_seconds(env, "SGLANG_STANDIN_WARMUP_DELAY")):

@@ -19,6 +19,8 @@ import itertools
 import json
 import re
 import socket
+import ssl
+import sys
 import threading
 import time
 import urllib.parse
@@ -507,4 +509,12 @@ class StandinHTTPServer(ThreadingHTTPServer):
     allow_reuse_address = True
     daemon_threads = True
     request_queue_size = 2048  # uvicorn's backlog (http.server's 5 resets concurrent connects)
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """One line for a client that does not speak TLS to an HTTPS stand-in (as uvicorn logs it), else a trace."""
+        error = sys.exc_info()[1]
+        if isinstance(error, ssl.SSLError | ConnectionError):
+            print(f"WARNING:  Invalid HTTP request received from {client_address[0]}: {error}", flush=True)
+            return
+        super().handle_error(request, client_address)
 
