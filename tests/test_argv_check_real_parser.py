@@ -62,3 +62,31 @@ def test_the_real_parser_reads_each_smuggled_argv_as_the_deploy_check_does() -> 
         # The real parser lists only what the argv gave; unset keys read None in both.
         assert {k: v for k, v in table.items() if v is not None} == {k: v for k, v in real.items() if v is not None}, \
             extra
+
+
+def test_a_malformed_request_that_still_plans_renders_an_argv_the_real_parser_reads_as_planned() -> None:
+    """The schema's property test (tests/test_request_schema.py) with the release's real parser as the judge: every
+    broken request either is an error naming a field, or plans an argv that SGLang 0.5.23's own parser accepts and
+    reads with the plan's security-relevant values."""
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    from test_request_schema import FIELDS, broken, example, junk
+
+    @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+    @given(name=st.sampled_from(["pro6000", "eval"]), path=st.sampled_from(FIELDS), value=junk)
+    def check(name: str, path: tuple[Any, ...], value: Any) -> None:
+        result = plan_dict(broken(example(name), path, value), EXAMPLES)
+        if result["errors"]:
+            assert result["args"] == []
+            return
+        argvs = [r["args"] for r in result["replicas"]] or [result["args"]]
+        for argv, real in zip(argvs, check_argvs("0.5.23", argvs), strict=True):
+            assert real["ok"], (path, value, real["error"])
+            table, refused = argv_check.read(argv, TABLE)
+            assert refused is None
+            ns = real["namespace"]
+            assert {k: v for k, v in table.items() if v is not None} == \
+                {k: ns[k] for k in argv_check.SECURITY_DESTS if ns.get(k) is not None}
+
+    check()
