@@ -97,9 +97,21 @@ options:
     type: str
     default: "0755"
   delete_extra:
-    description: (sync) Remove files at the destination that the source does not have.
+    description:
+      - (sync) Remove files at the destination that the source no longer has, when this project wrote them (the
+        model's last verified state lists them). Any other file there is never removed: it is named in the result's
+        C(plan.foreign) (or refused with I(strict)).
     type: bool
     default: true
+  model_root:
+    description:
+      - (sync) The model root (dflash_model_root): I(dest) must be an absolute, normalised folder strictly under it,
+        else nothing is copied or removed.
+    type: path
+  strict:
+    description: (sync) Refuse to sync beside files this project did not write, instead of leaving and naming them.
+    type: bool
+    default: false
   paths:
     description: (describe) Model folders to read.
     type: list
@@ -224,6 +236,8 @@ ARGUMENT_SPEC: dict[str, Any] = {
     "owner": {"type": "str", "default": ""}, "group": {"type": "str", "default": ""},
     "file_mode": {"type": "str", "default": "0644"}, "dir_mode": {"type": "str", "default": "0755"},
     "delete_extra": {"type": "bool", "default": True},
+    "model_root": {"type": "path"},
+    "strict": {"type": "bool", "default": False},
     "paths": {"type": "list", "elements": "path"},
 }
 REQUIRED_IF = [("action", "scan", ["root", "folders"], True), ("action", "sync", ["name", "manifest", "dest"]),
@@ -271,7 +285,8 @@ def sync_options(p: dict[str, Any]) -> SyncOptions:
     manifest = Manifest.from_dict(p["manifest"], "manifest (pass the result of action=scan at the source)")
     paths = ModelPaths.of(p["name"], Path(p["dest"]), Path(p["state_dir"]), Path(p["log_dir"]))
     return SyncOptions(p["name"], manifest, paths, remote, p["verify"] == "full", p["reserve_bytes"],
-                       p["bwlimit_kbps"], p["delete_extra"], ownership(p))
+                       p["bwlimit_kbps"], p["delete_extra"], ownership(p),
+                       root=Path(p["model_root"]) if p["model_root"] else None, strict=bool(p["strict"]))
 
 
 def scan_one(root: str, cache: str | None, write_cache: bool, check_mode: bool) -> dict[str, Any]:

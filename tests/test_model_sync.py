@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -162,10 +163,17 @@ def test_a_copy_already_present_is_adopted_after_hashing(model: Path, tmp_path: 
         write(opt.paths.dest / f.path, (model / f.path).read_bytes())
     write(opt.paths.dest / "stale.bin", b"old")
     plan = preview(opt)
-    assert [f.action for f in plan.files] == ["adopt"] * 4 and plan.extras == ["stale.bin"]
+    # stale.bin was not written by this project (no verified state lists it): left in place and named, never removed.
+    assert [f.action for f in plan.files] == ["adopt"] * 4 and plan.extras == [] and plan.foreign == ["stale.bin"]
     report = sync(opt)
-    assert report["removed"] == ["stale.bin"] and len(report["adopted"]) == 4
-    assert not sync(options(src, tmp_path, delete_extra=False))["changed"]
+    assert report["removed"] == [] and len(report["adopted"]) == 4 and (opt.paths.dest / "stale.bin").exists()
+    # A file the source no longer has that the last verified sync wrote is removed.
+    fewer = mf.Manifest(files=[f for f in src.files if f.path != "sub/tokenizer.json"], root=src.root)
+    assert preview(options(fewer, tmp_path)).extras == ["sub/tokenizer.json"]
+    assert preview(options(fewer, tmp_path, delete_extra=False)).extras == []  # kept on request
+    assert sync(options(fewer, tmp_path))["removed"] == ["sub/tokenizer.json"]
+    assert (opt.paths.dest / "stale.bin").exists()
+    assert not sync(options(fewer, tmp_path))["changed"]
 
 
 def test_owner_and_mode_drift_is_planned_and_set(model: Path, tmp_path: Path) -> None:
@@ -212,7 +220,7 @@ def test_diff_lists_the_files_before_and_after(model: Path, tmp_path: Path) -> N
     d = diff(preview(opt).to_dict())
     assert d["before"].splitlines() == ["config.json  [sha256 " + hashlib.sha256(b'{"a": 9}\n').hexdigest()[:12]
                                         + "... differs from the source's " + src.by_path()["config.json"].sha256[:12]
-                                        + "...]", "stale.bin  [not in the source]"]
+                                        + "...]"]  # stale.bin is not this project's: not listed as a change
     assert d["after"].splitlines() == [f.path for f in src.files]
 
 
@@ -427,16 +435,17 @@ def test_the_module_syncs_a_present_copy_says_what_it_would_do_first_and_is_idem
     # --check: the plan, changed, a diff; nothing written, nothing removed, no mode set.
     checked = run_module("dflash_model_sync", args, check=True, diff=True)
     assert checked["changed"] and sorted(checked["plan"]["adopt_files"]) == [f["path"] for f in manifest["files"]]
-    assert checked["plan"]["extras"] == ["stale.bin"] and checked["plan"]["permissions"] == ["config.json"]
-    assert "stale.bin  [not in the source]" in checked["diff"]["before"]
+    assert checked["plan"]["extras"] == [] and checked["plan"]["foreign"] == ["stale.bin"]
+    assert checked["plan"]["permissions"] == ["config.json"]
     assert "4 present and adopted after hashing" in checked["summary"]
+    assert "1 files this project did not write left in place (stale.bin)" in checked["summary"]
     assert not (tmp_path / "state").exists() and (dest / "stale.bin").exists()
     assert (dest / "config.json").stat().st_mode & 0o777 == 0o600
-    # The sync: adopted after hashing, extra removed, mode set, verified state recorded.
+    # The sync: adopted after hashing, mode set, verified state recorded; the foreign file left where it is.
     done = run_module("dflash_model_sync", args, diff=True)
-    assert done["changed"] and done["removed"] == ["stale.bin"] and len(done["adopted"]) == 4
+    assert done["changed"] and done["removed"] == [] and len(done["adopted"]) == 4 and (dest / "stale.bin").exists()
     assert "config.json" in done["permissions"] and done["manifest_sha256"] == manifest["manifest_sha256"]
-    assert done["summary"].startswith("M: 0 files moved into place, 1 removed, 0 repaired;")
+    assert done["summary"].startswith("M: 0 files moved into place, 0 removed, 0 repaired;")
     assert json.loads((tmp_path / "state" / "M.manifest.json").read_text())["manifest_sha256"] == \
         manifest["manifest_sha256"]
     # Again: nothing to do, no byte read to decide, under --check and for real.
@@ -526,3 +535,52 @@ def test_the_role_checks_once_syncs_from_the_check_and_is_idempotent(tmp_path: P
     again = run_play(play)
     assert again["stats"]["localhost"]["changed"] == 0
     assert not any(n.endswith("Copy, verify and move the models into place") for n in task_names(again))
+
+
+# --------------------------------------------------------------------------- what the sync owns
+
+@pytest.mark.parametrize("path", ["../../escaped/x", "/etc/passwd", "a/../../b", "./a", "a//b", ""])
+def test_a_manifest_entry_that_could_land_outside_its_folder_is_refused(path: str) -> None:
+    with pytest.raises(SyncError, match=re.escape("a manifest names files inside its model folder only")):
+        mf.Manifest.from_dict({"files": [{"path": path, "size": 1, "sha256": "0" * 64}]}, "manifest")
+
+
+def test_a_destination_one_level_too_high_is_refused_and_nothing_is_deleted(model: Path, tmp_path: Path) -> None:
+    """The model's path set to the model root itself (a typo in dflash_models): another model's weights and a key
+    there stay untouched; the sync refuses before it plans, naming the path and the rule."""
+    src, _ = mf.scan(model)
+    root = tmp_path / "models"
+    other = write(root / "Other-Model" / "model.safetensors", b"weights")
+    key = write(root / ".ssh" / "id_ed25519", b"secret")
+    opt = SyncOptions("M", src, ModelPaths.of("M", root, tmp_path / "state", tmp_path / "log"),
+                      own=Ownership(file_mode=0o644, dir_mode=0o755), root=root)
+    for attempt in (preview, sync):
+        with pytest.raises(SyncError, match=r"M: the destination .*models is not a folder under the model root"):
+            attempt(opt)
+    assert other.read_bytes() == b"weights" and key.read_bytes() == b"secret"
+    outside = SyncOptions("M", src, ModelPaths.of("M", tmp_path / "elsewhere" / "M", tmp_path / "state",
+                                                  tmp_path / "log"), root=root)
+    with pytest.raises(SyncError, match="is not a folder under the model root"):
+        preview(outside)
+    dotted = SyncOptions("M", src, ModelPaths.of("M", root / ".." / "M", tmp_path / "state", tmp_path / "log"),
+                         root=root)
+    with pytest.raises(SyncError, match=re.escape("expected an absolute, normalised destination without '..'")):
+        preview(dotted)
+
+
+def test_strict_refuses_to_sync_beside_foreign_files(model: Path, tmp_path: Path) -> None:
+    src, _ = mf.scan(model)
+    opt = options(src, tmp_path, strict=True)
+    write(opt.paths.dest / "notes.txt", b"mine")
+    plan = preview(opt)
+    assert plan.foreign == ["notes.txt"] and "model_sync_strict refuses to sync beside them" in plan.problems[0]
+    with pytest.raises(SyncError, match=re.escape("notes.txt")):
+        sync(opt)
+    assert (opt.paths.dest / "notes.txt").read_bytes() == b"mine"
+
+
+def test_the_module_refuses_a_destination_outside_the_model_root(model: Path, tmp_path: Path) -> None:
+    manifest = mf.scan(model)[0].to_dict()
+    args = {**sync_args(manifest, tmp_path), "model_root": str(tmp_path / "dst"), "dest": str(tmp_path / "dst")}
+    refused = run_module("dflash_model_sync", args, check=True)
+    assert refused["failed"] and "is not a folder under the model root" in refused["msg"]

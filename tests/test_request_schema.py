@@ -136,6 +136,9 @@ def test_model_paths_must_lie_under_the_model_root_when_the_request_names_it() -
     request["draft"]["path"] = "/srv/elsewhere/Qwen3.6-27B-DFlash"
     assert plan_dict(request, EXAMPLES)["errors"] == [
         "draft.path: expected a folder under the model root /root/models, found '/srv/elsewhere/Qwen3.6-27B-DFlash'"]
+    request["draft"]["path"] = "/root/models"  # one level too high: the root itself
+    assert plan_dict(request, EXAMPLES)["errors"] == [
+        "draft.path: expected a folder under the model root /root/models, found '/root/models'"]
 
 
 @pytest.mark.parametrize("value", [["--host", "0.0.0.0"], "--host", "-1", ["a", "--api-key"], "x\ny"])

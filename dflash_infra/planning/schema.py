@@ -228,7 +228,7 @@ def under_root(request: Mapping[str, Any], errors: list[str]) -> None:
         return
     for key in ("target", "draft"):
         path = (request.get(key) or {}).get("path") if isinstance(request.get(key), Mapping) else None
-        if isinstance(path, str) and path != root and not path.startswith(root.rstrip("/") + "/"):
+        if isinstance(path, str) and not path.startswith(root.rstrip("/") + "/"):
             errors.append(f"{key}.path: expected a folder under the model root {root}, found {shown(path)}")
 
 

@@ -68,6 +68,11 @@ class Manifest:
                                mtime_ns=int(f.get("mtime_ns", 0))) for f in data["files"]]
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise SyncError(f"{source}: every file needs path, size and sha256 ({exc})") from None
+        for entry in files:
+            problem = path_problem(entry.path)
+            if problem:
+                raise SyncError(f"{source}: file {entry.path!r}: {problem}; a manifest names files inside its model "
+                                "folder only")
         return cls(files=sorted(files, key=lambda f: f.path), root=str(data.get("root", "")))
 
 
@@ -79,6 +84,16 @@ class ScanStats:
     cached_files: int = 0
     hashed_files: int = 0
     hashed_bytes: int = 0
+
+
+def path_problem(rel: str) -> str:
+    """Why a manifest's file path could land outside its model folder ('' when it cannot): it must be relative,
+    normalised and free of '..'."""
+    if not rel or rel.startswith("/"):
+        return "expected a relative path"
+    if "\x00" in rel or os.path.normpath(rel) != rel or any(part in ("..", ".") for part in rel.split("/")):
+        return "expected a normalised path without '.' or '..'"
+    return ""
 
 
 def excluded(name: str) -> bool:

@@ -32,6 +32,9 @@ def plan_summary(plan: Mapping[str, Any]) -> str:
         parts.append(f"{len(plan['extras'])} extra files to remove ({', '.join(plan['extras'][:3])})")
     if plan.get("permissions"):
         parts.append(f"{len(plan['permissions'])} owners or modes to set")
+    if plan.get("foreign"):
+        parts.append(f"{len(plan['foreign'])} files this project did not write left in place "
+                     f"({', '.join(plan['foreign'][:3])})")
     parts.append(f"hashed {human(plan.get('hashed_bytes', 0))} to decide")
     parts.append(f"free {human(plan['free_bytes'])}")
     return ", ".join(parts)

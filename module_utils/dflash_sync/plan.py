@@ -30,7 +30,7 @@ class DestPlan:
 
     name: str
     files: list[FilePlan]
-    extras: list[str]
+    extras: list[str]  # files this project wrote there (its last verified state lists them), gone from the source
     total_bytes: int
     free_bytes: int
     reserve_bytes: int
@@ -38,6 +38,7 @@ class DestPlan:
     hashed_files: int = 0
     problems: list[str] = field(default_factory=list)
     permissions: list[str] = field(default_factory=list)  # paths whose owner or mode the commit would set
+    foreign: list[str] = field(default_factory=list)  # files no manifest of this project listed: never deleted
 
     def of(self, action: str) -> list[FilePlan]:
         return [f for f in self.files if f.action == action]
@@ -132,10 +133,11 @@ def plan_destination(name: str, source: Manifest, dest: Path, staging: Path, sta
     present = dict(list_files(dest)) if dest.is_dir() else {}
     plans = [_plan_file(f, present.get(f.path), known.get(f.path), dest, staging, full_verify, stats)
              for f in source.files]
-    extras = sorted(set(present) - {f.path for f in source.files})
-    plan = DestPlan(name=name, files=plans, extras=extras, total_bytes=source.total_bytes,
+    left = sorted(set(present) - {f.path for f in source.files})
+    plan = DestPlan(name=name, files=plans, extras=[p for p in left if p in known], total_bytes=source.total_bytes,
                     free_bytes=free_bytes(dest), reserve_bytes=reserve,
-                    hashed_bytes=stats.hashed_bytes, hashed_files=stats.hashed_files)
+                    hashed_bytes=stats.hashed_bytes, hashed_files=stats.hashed_files,
+                    foreign=[p for p in left if p not in known])
     problem = free_space_problem(name, plan.needed_bytes, plan.free_bytes, reserve, str(dest.parent))
     if problem:
         plan.problems.append(problem)

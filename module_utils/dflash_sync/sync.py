@@ -3,6 +3,7 @@ verify, commit, record the verified state. A sync with nothing to do writes noth
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
@@ -54,13 +55,41 @@ class SyncOptions:
     delete_extra: bool = True
     own: Ownership = field(default_factory=Ownership)
     retries: int = 1
+    # The model root every destination must lie under (dflash_model_root); None: not checked (the library's own tests).
+    root: Path | None = None
+    # Refuse, rather than leave and name, files at the destination that no manifest of this project listed.
+    strict: bool = False
+
+
+def destination_problem(name: str, dest: Path, root: Path | None) -> str:
+    """Why a model's destination is not one this project may write into ('' when it is): an absolute, normalised
+    folder strictly under the model root (a path one level too high would make every other file there an extra)."""
+    text = str(dest)
+    if not dest.is_absolute() or os.path.normpath(text) != text or ".." in dest.parts:
+        return (f"{name}: expected an absolute, normalised destination without '..', found {text!r}; set the "
+                "model's path in dflash_models")
+    if root is None:
+        return ""
+    real_root, real_dest = os.path.realpath(root), os.path.realpath(dest)
+    if real_dest == real_root or not real_dest.startswith(real_root.rstrip("/") + "/"):
+        return (f"{name}: the destination {text} is not a folder under the model root {root} (dflash_model_root); "
+                "refusing to sync there: a model folder one level too high would make every other file there an "
+                "extra. Fix the model's path in dflash_models")
+    return ""
 
 
 def _plan(opt: SyncOptions, state: Manifest | None) -> DestPlan:
+    where = destination_problem(opt.name, opt.paths.dest, opt.root)
+    if where:
+        raise SyncError(where + ". Nothing was copied or removed")
     plan = plan_destination(opt.name, opt.source, opt.paths.dest, opt.paths.staging, state, opt.full_verify,
                             opt.reserve)
     if not opt.delete_extra:
         plan.extras = []
+    if opt.strict and plan.foreign:
+        plan.problems.append(f"{opt.name}: {len(plan.foreign)} files at {opt.paths.dest} were not written by this "
+                             f"project ({', '.join(plan.foreign[:3])}); model_sync_strict refuses to sync beside them. "
+                             "Move them away or turn strict off (they are then left and named)")
     if opt.paths.dest.is_dir():
         plan.permissions = ownership_drift(opt.source, opt.paths.dest, opt.own)
     return plan

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING
 
 import ansible_runner
 import pytest
+import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from dflash_infra import locks
@@ -306,6 +307,28 @@ def test_wrong_hardware_is_refused_before_any_change(fresh_lab: LabHandle, tmp_p
     assert ("ct200 has 8x NVIDIA RTX PRO 6000 Blackwell Workstation Edition (97887 MiB); group eval expects "
             "2x NVIDIA RTX A6000 (49140 MiB), compute capability 8.6. Refusing to deploy.") in out
     assert fresh_lab.changeable_state() == before
+
+
+def test_a_model_path_one_level_too_high_is_refused_and_nothing_is_deleted(fresh_lab: LabHandle,
+                                                                          tmp_path: Path) -> None:
+    """A typo in dflash_models (the target's path set to the model root): another model's weights and a file of the
+    team's there stay untouched; the deploy is refused before anything changes, naming the path and the rule."""
+    fresh_lab.ssh("ct200", "sh", "-c", shlex.quote("mkdir -p /root/models/Other-Model && echo weights > "
+                                                   "/root/models/Other-Model/model.safetensors && echo mine > "
+                                                   "/root/models/notes.txt"))
+    before = fresh_lab.changeable_state()
+    models = yaml.safe_load((ROOT / "group_vars" / "all" / "models.yml").read_text())["dflash_models"]
+    models = {role: {**m, "path": m["path"].replace("{{ dflash_model_root }}", "/root/models")}
+              for role, m in models.items()}
+    models["target"]["path"] = "/root/models"
+    runner = deploy(tmp_path, extravars={"dflash_models": models})
+    out = stdout(runner)
+    assert runner.rc != 0
+    assert "target.path: expected a folder under the model root /root/models, found '/root/models'" in out, out[-3000:]
+    assert fresh_lab.ssh("ct200", "cat", "/root/models/Other-Model/model.safetensors", "/root/models/notes.txt"
+                         ).stdout == "weights\nmine\n"
+    assert fresh_lab.changeable_state() == before
+    fresh_lab.ssh("ct200", "rm", "-rf", "/root/models/Other-Model", "/root/models/notes.txt")
 
 
 def test_an_unmanaged_server_on_the_engine_port_is_refused(fresh_lab: LabHandle, tmp_path: Path) -> None:
