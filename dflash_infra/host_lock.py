@@ -2,9 +2,10 @@
 
 The lock is a JSON file on the host (dflash_host_lock module, created atomically); what it says of its holder is
 made on the controller (action_plugins/dflash_host_lock.py): the user, the controller's host name, the pid of the
-ansible-playbook process and that process's start time, which also tells a recycled pid apart. A holder on this
-controller whose process is gone is dead; one on another controller is trusted until it is older than the
-stale limit.
+ansible-playbook process and that process's start time, which also tells a recycled pid apart. Its modification time
+is the run's heartbeat: the run touches it at each stage and replica turn, and the engine's readiness probe on every
+attempt while a turn waits. A holder on this controller whose process is gone is dead; one on another controller is
+trusted until its heartbeat is older than the stale limit (15 min by default).
 """
 
 from __future__ import annotations
@@ -42,13 +43,18 @@ def same_run(a: Mapping[str, Any] | None, b: Mapping[str, Any] | None) -> bool:
 
 
 def staleness(current: Mapping[str, Any], controller: str, now: dt.datetime, stale_after_s: int,
-              proc: str = "/proc") -> str:
-    """Why the holder's run is dead ('' while it may be alive): gone from this controller, or too old."""
+              proc: str = "/proc", heartbeat: dt.datetime | None = None) -> str:
+    """Why the holder's run is dead ('' while it may be alive): gone from this controller, or its heartbeat (the lock
+    file's modification time; its start time when none is known) older than the stale limit."""
     if current.get("controller") == controller:
         pid = current.get("pid")
         if not isinstance(pid, int) or process_started_at(pid, proc) != current.get("started_at"):
             return f"its process {pid} on this controller ({controller}) is gone"
         return ""
+    if heartbeat is not None:
+        age = (now - heartbeat).total_seconds()
+        return (f"its last heartbeat was {age / 60:.0f} min ago, more than {stale_after_s / 60:g} min"
+                if age > stale_after_s else "")
     try:
         started = dt.datetime.strptime(str(current.get("started_at")), "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=dt.UTC)
     except ValueError:

@@ -12,7 +12,11 @@ description:
   - The lock is a JSON file naming its holder (owner, controller, pid, started_at, playbook), written whole to a
     temporary file and hard-linked into place, so of two runs exactly one gets it and no reader sees half a lock; the
     holder taking it again is a no-op. A lock of another live run fails the task at once, naming that run. A dead
-    run's lock (its process gone from this controller, or older than I(stale_after_s)) is replaced with a warning.
+    run's lock (its process gone from this controller, or its heartbeat older than I(stale_after_s)) is replaced
+    with a warning naming it.
+  - The lock file's modification time is the run's heartbeat. C(state=heartbeat) touches it (each stage and replica
+    turn does; the engine's readiness probe touches it on every attempt while a turn waits) and fails when this run
+    no longer holds the lock.
   - C(state=released) removes the lock when this run holds it. Under check mode no lock is taken; a holder is named
     in a warning.
   - The lock is bookkeeping of a run, not configuration of the host: it always reports C(changed=false).
@@ -22,14 +26,14 @@ options:
     type: path
     required: true
   state:
-    description: acquired or released.
+    description: acquired, heartbeat or released.
     type: str
-    choices: [acquired, released]
+    choices: [acquired, heartbeat, released]
     default: acquired
   stale_after_s:
-    description: Age after which the lock of a run on another controller counts as dead.
+    description: Age of its heartbeat after which the lock of a run on another controller counts as dead.
     type: int
-    default: 7200
+    default: 900
   playbook:
     description: The run's name in the lock (the play's name).
     type: str
@@ -57,8 +61,8 @@ from ansible.module_utils.basic import AnsibleModule
 def main() -> None:
     module = AnsibleModule(argument_spec={
         "path": {"type": "path", "required": True},
-        "state": {"type": "str", "choices": ["acquired", "released"], "default": "acquired"},
-        "stale_after_s": {"type": "int", "default": 7200},
+        "state": {"type": "str", "choices": ["acquired", "heartbeat", "released"], "default": "acquired"},
+        "stale_after_s": {"type": "int", "default": 900},
         "playbook": {"type": "str", "default": ""},
     }, supports_check_mode=True)
     module.fail_json(msg="dflash_host_lock runs as its action plugin (action_plugins/dflash_host_lock.py); this file "

@@ -112,6 +112,9 @@ options:
     description: (sync) Refuse to sync beside files this project did not write, instead of leaving and naming them.
     type: bool
     default: false
+  heartbeat:
+    description: (sync) The deploy lock, touched as a transfer progresses (the run's heartbeat during a long copy).
+    type: path
   paths:
     description: (describe) Model folders to read.
     type: list
@@ -238,6 +241,7 @@ ARGUMENT_SPEC: dict[str, Any] = {
     "delete_extra": {"type": "bool", "default": True},
     "model_root": {"type": "path"},
     "strict": {"type": "bool", "default": False},
+    "heartbeat": {"type": "path"},
     "paths": {"type": "list", "elements": "path"},
 }
 REQUIRED_IF = [("action", "scan", ["root", "folders"], True), ("action", "sync", ["name", "manifest", "dest"]),
@@ -286,7 +290,8 @@ def sync_options(p: dict[str, Any]) -> SyncOptions:
     paths = ModelPaths.of(p["name"], Path(p["dest"]), Path(p["state_dir"]), Path(p["log_dir"]))
     return SyncOptions(p["name"], manifest, paths, remote, p["verify"] == "full", p["reserve_bytes"],
                        p["bwlimit_kbps"], p["delete_extra"], ownership(p),
-                       root=Path(p["model_root"]) if p["model_root"] else None, strict=bool(p["strict"]))
+                       root=Path(p["model_root"]) if p["model_root"] else None, strict=bool(p["strict"]),
+                       heartbeat=Path(p["heartbeat"]) if p["heartbeat"] else None)
 
 
 def scan_one(root: str, cache: str | None, write_cache: bool, check_mode: bool) -> dict[str, Any]:

@@ -51,17 +51,24 @@ def test_a_live_run_keeps_its_lock_and_the_second_deploy_fails_at_once_naming_it
     path.write_text(json.dumps(me()))
     out = run_module("dflash_host_lock", {"path": str(path), "playbook": "serve"})
     assert out.get("failed") and out["held_by"] == me(), out
-    assert out["msg"].startswith(f"localhost: another deploy holds this host: deploy_dflash.yml run by tester on "
-                                 f"{socket.gethostname()} (pid {os.getpid()}, since {me()['started_at']}). One "
-                                 "deploy runs at a time; wait for it to finish.")
+    beat = dt.datetime.fromtimestamp(int(path.stat().st_mtime), dt.UTC)
+    assert out["msg"] == (f"localhost: another deploy holds this host: deploy_dflash.yml run by tester on "
+                          f"{socket.gethostname()} (pid {os.getpid()}, since {me()['started_at']}), its last "
+                          f"heartbeat {beat:%H:%M:%S} UTC. One deploy runs at a time; wait for it to finish. If that "
+                          "run is dead and this controller cannot tell (it ran elsewhere), it is taken over once its "
+                          f"heartbeat is 15 min old (or remove {path} on localhost).")
     assert json.loads(path.read_text()) == me()
-    elsewhere = {**me(), "controller": "laptop-of-someone", "pid": 1}
+    # A run on another controller that started long ago but still beats is alive; one whose heartbeat stopped is dead.
+    elsewhere = {**me(), "controller": "laptop-of-someone", "pid": 1, "started_at": "2020-01-01T00:00:00Z"}
     path.write_text(json.dumps(elsewhere))
     assert run_module("dflash_host_lock", {"path": str(path)}).get("failed")
-    stale = {**elsewhere, "started_at": "2020-01-01T00:00:00Z"}
-    path.write_text(json.dumps(stale))
+    long_ago = dt.datetime.now(dt.UTC).timestamp() - 3700
+    os.utime(path, (long_ago, long_ago))
+    kept = run_module("dflash_host_lock", {"path": str(path), "stale_after_s": 7200})
+    assert kept.get("failed") and json.loads(path.read_text()) == elsewhere, kept
     taken = run_module("dflash_host_lock", {"path": str(path), "stale_after_s": 3600})
-    assert taken["acquired"] and "more than 1 h" in taken["msg"] and taken["took_over"] == stale, taken
+    assert taken["acquired"] and taken["took_over"] == elsewhere, taken
+    assert "(its last heartbeat was 62 min ago, more than 60 min)" in taken["msg"], taken["msg"]
     path.write_text("{not json")
     unreadable = run_module("dflash_host_lock", {"path": str(path)})
     assert unreadable["acquired"] and "its file cannot be read" in unreadable["msg"], unreadable
@@ -103,9 +110,37 @@ def test_the_lock_files_text_is_read_back_exactly_from_a_pseudo_terminal() -> No
     plugin = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(plugin)
     text = json.dumps(me(), sort_keys=True)
-    for stdout in (f"HELD\n{text}\n", f"HELD\r\n{text}\r\n"):
-        assert plugin.parse_output(stdout) == ("HELD", text, me()), stdout
-    assert plugin.parse_output("ACQUIRED\r\n") == ("ACQUIRED", "", None)
-    assert plugin.parse_output("HELD\r\n{half")[2] == {"unreadable": "not JSON (Expecting property name enclosed in "
-                                                                      "double quotes: line 1 column 2 (char 1)): "
-                                                                      "'{half'"}
+    beat = dt.datetime(2026, 12, 6, 8, 0, tzinfo=dt.UTC)
+    stamp = int(beat.timestamp())
+    for stdout in (f"HELD\n{stamp}\n{text}\n", f"HELD\r\n{stamp}\r\n{text}\r\n"):
+        assert plugin.parse_output(stdout) == ("HELD", text, me(), beat), stdout
+    assert plugin.parse_output("ACQUIRED\r\n0\r\n") == ("ACQUIRED", "", None, None)
+    assert plugin.parse_output("HELD\r\n1\r\n{half")[2] == {
+        "unreadable": "not JSON (Expecting property name enclosed in double quotes: line 1 column 2 (char 1)): '{half'"}
+
+
+def test_a_runs_heartbeat_touches_its_lock_and_stops_the_run_once_another_run_took_it(tmp_path: Path) -> None:
+    path = tmp_path / "deploy.lock"
+    other = {**me(), "controller": "laptop-of-someone", "pid": 1}
+    play = tmp_path / "play.yml"
+    play.write_text(f"""
+- hosts: localhost
+  gather_facts: false
+  tasks:
+    - {{dflash_host_lock: {{path: "{path}", playbook: test}}}}
+    - {{ansible.builtin.command: "touch -d '2 hours ago' {path}", changed_when: false}}
+    - {{dflash_host_lock: {{path: "{path}", state: heartbeat}}}}
+    - {{ansible.builtin.command: "find {path} -mmin -1 -print", register: fresh, changed_when: false}}
+    - {{ansible.builtin.assert: {{that: ["fresh.stdout == '{path}'"]}}}}
+    - {{ansible.builtin.copy: {{dest: "{path}", content: '{json.dumps(other)}'}}}}
+    - {{dflash_host_lock: {{path: "{path}", state: heartbeat}}}}
+    - {{ansible.builtin.command: "echo never reached", changed_when: false}}
+""")
+    proc = run([tool("ansible-playbook"), "-i", "localhost,", "-c", "local", "-e",
+                f"ansible_python_interpreter={HOST_PYTHON}", str(play)], env=ansible_environment())
+    assert proc.returncode == 2, proc.stdout[-3000:]
+    assert "ok=6" in proc.stdout and "failed=1" in proc.stdout and "never reached" not in proc.stdout, proc.stdout
+    assert (f"localhost: this run no longer holds the deploy lock ({path}): deploy_dflash.yml run by tester on "
+            f"laptop-of-someone (pid 1, since {me()['started_at']}) took it over. Stopping before changing anything "
+            "more") in " ".join(proc.stdout.split()), proc.stdout[-3000:]
+    assert json.loads(path.read_text()) == other  # the other run's lock stays

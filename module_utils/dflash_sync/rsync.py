@@ -130,8 +130,10 @@ class Transfer:
 class Progress:
     """Writes rsync's progress to the log the play names: bytes done/total, percent, rate."""
 
-    def __init__(self, log: TextIO, name: str, total: int, every_s: float = 2.0) -> None:
+    def __init__(self, log: TextIO, name: str, total: int, every_s: float = 2.0,
+                 heartbeat: Path | None = None) -> None:
         self.log, self.name, self.total, self.every_s = log, name, total, every_s
+        self.heartbeat = heartbeat  # the deploy lock: touched with each line, a long transfer keeps the run alive
         self.last = 0.0
         self.started = time.monotonic()
 
@@ -145,6 +147,8 @@ class Progress:
         self.log.write(f"{time.strftime('%H:%M:%S')} {self.name}: {human(done)} / {human(self.total)} "
                        f"({pct:.1f}%) at {rate} (average {human(avg)}/s)\n")
         self.log.flush()
+        if self.heartbeat is not None and self.heartbeat.exists():
+            os.utime(self.heartbeat)
 
 
 def _read_output(stdout: io.BufferedReader, progress: Progress) -> list[str]:
@@ -168,7 +172,8 @@ def _read_output(stdout: io.BufferedReader, progress: Progress) -> list[str]:
 
 
 def run_rsync(name: str, remote: Remote, staging: Path, files: list[FilePlan], log_path: Path,
-              control: Path, bwlimit_kbps: int = 0, verifier: Verifier | None = None) -> Transfer:
+              control: Path, bwlimit_kbps: int = 0, verifier: Verifier | None = None,
+              heartbeat: Path | None = None) -> Transfer:
     """Pull `files` into staging with rsync; progress to log_path. The process group id is written to
     `control` so an operator (or a test) can tell which processes belong to this transfer."""
     staging.mkdir(parents=True, exist_ok=True)
@@ -195,7 +200,7 @@ def run_rsync(name: str, remote: Remote, staging: Path, files: list[FilePlan], l
         assert proc.stdin is not None
         proc.stdin.write(b"".join(f.path.encode() + b"\0" for f in files))
         proc.stdin.close()
-        progress = Progress(log, name, total)
+        progress = Progress(log, name, total, heartbeat=heartbeat)
         if verifier is not None:
             verifier.start()
         assert isinstance(proc.stdout, io.BufferedReader)

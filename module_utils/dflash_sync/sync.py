@@ -59,6 +59,8 @@ class SyncOptions:
     root: Path | None = None
     # Refuse, rather than leave and name, files at the destination that no manifest of this project listed.
     strict: bool = False
+    # The deploy lock, touched as the transfer progresses (the run's heartbeat during a long copy); None: none.
+    heartbeat: Path | None = None
 
 
 def destination_problem(name: str, dest: Path, root: Path | None) -> str:
@@ -132,7 +134,7 @@ def _transfer(opt: SyncOptions, plan: DestPlan) -> tuple[list[str], list[dict[st
                                 "sync from a source host or path")
             verifier = Verifier(opt.paths.staging, {f.path: wanted[f.path] for f in pending})
             t = run_rsync(opt.name, opt.remote, opt.paths.staging, pending, opt.paths.log, opt.paths.control,
-                          opt.bwlimit_kbps, verifier)
+                          opt.bwlimit_kbps, verifier, opt.heartbeat)
             transfers.append(asdict(t))
         check = to_commit + [f.path for f in pending]
         failures, stats = verify_staged(opt.source, opt.paths.staging, check, verifier)

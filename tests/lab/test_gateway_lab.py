@@ -62,6 +62,12 @@ def recap(result: subprocess.CompletedProcess[str]) -> dict[str, int]:
 FIRST: dict[str, subprocess.CompletedProcess[str]] = {}
 
 
+def failures(out: str) -> str:
+    """The failed tasks' messages of a play's output (whitespace folded), for an assertion's message: the output's
+    tail is the journal of the failed attempt, not what failed."""
+    return " | ".join(re.findall(r"(?:fatal|failed): \[[^\]]+\].{0,1500}", out)) or out[-5000:]
+
+
 @pytest.fixture(scope="module")
 def routed(lab: LabHandle) -> LabHandle:
     """ct200 as the deploy left it before its group served through the gateway (one --dp-size engine process on the
@@ -334,7 +340,7 @@ def test_a_replica_crashing_under_the_load_gate_is_rolled_back_alone_and_the_end
     out = " ".join(result.stdout.split())
     assert result.returncode != 0, out[-3000:]
     assert "sglang-qwen-r0.service failed the load gate: sglang-qwen-r0.service restarted during the load run" in out, \
-        out[-5000:]
+        failures(out)
     assert re.search(r"concurrency 24: \d+ of 32 requests failed", out), out[-5000:]
     assert "CUDA error: an illegal memory access was encountered" in out  # the journal of the failed attempt
     assert "replica 0 (sglang-qwen-r0.service, GPUs 0,1) failed its turn of the rollout" in out
