@@ -8,6 +8,7 @@ import importlib.util
 import json
 import os
 import socket
+import subprocess
 from pathlib import Path
 
 from dflash_infra import host_lock
@@ -83,13 +84,17 @@ def test_check_mode_takes_no_lock_and_says_who_holds_one(tmp_path: Path) -> None
     assert not held.get("failed") and held["held_by"] == me() and json.loads(path.read_text()) == me()
 
 
+def local_play(tmp_path: Path, tasks: str) -> subprocess.CompletedProcess[str]:
+    """Run one play of `tasks` (YAML lines, indented 4) on localhost, as ansible-playbook runs a deploy."""
+    play = tmp_path / "play.yml"
+    play.write_text(f"- hosts: localhost\n  gather_facts: false\n  tasks:\n{tasks}")
+    return run([tool("ansible-playbook"), "-i", "localhost,", "-c", "local", "-e",
+                f"ansible_python_interpreter={HOST_PYTHON}", str(play)], env=ansible_environment())
+
+
 def test_a_run_gives_back_only_its_own_lock(tmp_path: Path) -> None:
     path = tmp_path / "deploy.lock"
-    play = tmp_path / "play.yml"
-    play.write_text(f"""
-- hosts: localhost
-  gather_facts: false
-  tasks:
+    proc = local_play(tmp_path, f"""\
     - {{dflash_host_lock: {{path: "{path}", playbook: test}}}}
     - {{ansible.builtin.command: "test -f {path}", changed_when: false}}
     - {{dflash_host_lock: {{path: "{path}", state: released}}}}
@@ -97,8 +102,6 @@ def test_a_run_gives_back_only_its_own_lock(tmp_path: Path) -> None:
     - {{ansible.builtin.copy: {{dest: "{path}", content: '{json.dumps(me())}'}}}}
     - {{dflash_host_lock: {{path: "{path}", state: released}}}}
 """)
-    proc = run([tool("ansible-playbook"), "-i", "localhost,", "-c", "local", "-e",
-                f"ansible_python_interpreter={HOST_PYTHON}", str(play)], env=ansible_environment())
     assert proc.returncode == 0, proc.stdout[-3000:]
     assert json.loads(path.read_text()) == me()  # another run's lock stays
 
@@ -122,11 +125,7 @@ def test_the_lock_files_text_is_read_back_exactly_from_a_pseudo_terminal() -> No
 def test_a_runs_heartbeat_touches_its_lock_and_stops_the_run_once_another_run_took_it(tmp_path: Path) -> None:
     path = tmp_path / "deploy.lock"
     other = {**me(), "controller": "laptop-of-someone", "pid": 1}
-    play = tmp_path / "play.yml"
-    play.write_text(f"""
-- hosts: localhost
-  gather_facts: false
-  tasks:
+    proc = local_play(tmp_path, f"""\
     - {{dflash_host_lock: {{path: "{path}", playbook: test}}}}
     - {{ansible.builtin.command: "touch -d '2 hours ago' {path}", changed_when: false}}
     - {{dflash_host_lock: {{path: "{path}", state: heartbeat}}}}
@@ -136,8 +135,6 @@ def test_a_runs_heartbeat_touches_its_lock_and_stops_the_run_once_another_run_to
     - {{dflash_host_lock: {{path: "{path}", state: heartbeat}}}}
     - {{ansible.builtin.command: "echo never reached", changed_when: false}}
 """)
-    proc = run([tool("ansible-playbook"), "-i", "localhost,", "-c", "local", "-e",
-                f"ansible_python_interpreter={HOST_PYTHON}", str(play)], env=ansible_environment())
     assert proc.returncode == 2, proc.stdout[-3000:]
     assert "ok=6" in proc.stdout and "failed=1" in proc.stdout and "never reached" not in proc.stdout, proc.stdout
     assert (f"localhost: this run no longer holds the deploy lock ({path}): deploy_dflash.yml run by tester on "
