@@ -471,8 +471,10 @@ def engine_env_text(api_key: str, admin_key: str = "") -> str:
 
 
 def key_file_text(key: str) -> str:
-    """A gateway key file (a systemd credential), byte for byte: the key and a newline."""
-    return f"{key}\n"
+    """A gateway key file (a systemd credential), byte for byte: the key and a newline; empty without a key. The
+    endpoint's key file exists with a key or without one (the gateway's unit loads it either way), so adding or
+    removing the key changes the file alone, and a unit put back by a restore keeps this run's key in force."""
+    return f"{key}\n" if key else ""
 
 
 def secret_files(env_files: Sequence[str], api_key: str, admin_key: str, gateway: Mapping[str, str],
@@ -482,8 +484,7 @@ def secret_files(env_files: Sequence[str], api_key: str, admin_key: str, gateway
     `secrets` option, never logged) instead of hashing key material into its output. The endpoint's TLS
     certificate and CA are public and read as plain files (tls_files)."""
     out = [{"path": str(path), "content": engine_env_text(api_key, admin_key)} for path in env_files]
-    if api_key:
-        out.append({"path": gateway["api_key"], "content": key_file_text(api_key)})
+    out.append({"path": gateway["api_key"], "content": key_file_text(api_key)})
     if control_key:
         out.append({"path": gateway["control_plane_key"], "content": key_file_text(control_key)})
     if tls_enabled(tls):
@@ -547,15 +548,13 @@ def gateway_todo(state: Mapping[str, Any], paths: Mapping[str, str], unit: str, 
         return host_state.secret_matches(state, path, "0600", "root", "root")
 
     props = (state.get("units") or {}).get(unit) or {}
-    api_key_file = host_state.path_entry(state, paths["api_key"])
     control_file = host_state.path_entry(state, paths["control_plane_key"])
     todo: dict[str, Any] = {
         "dirs": [{"path": paths[key], "mode": mode} for key, mode in (("credentials", "0700"), ("libexec_dir", "0755"))
                  if not host_state.dir_matches(state, paths[key], mode, "root", "root")],
         "helpers": [name for name, sha in helper_sha256.items()
                     if not matches(f"{paths['libexec_dir']}/{name}", sha, "0755")],
-        "api_key": bool(api_key) and not holds(paths["api_key"]),
-        "api_key_remove": not api_key and bool(api_key_file.get("exists")),
+        "api_key": not holds(paths["api_key"]),  # written with the key, or empty without one (key_file_text)
         "control_key": ("write" if control_key and not holds(paths["control_plane_key"])
                         else "make" if not control_key and not control_file.get("exists") else ""),
         "tls": _tls_todo(state, paths, tls, holds),
@@ -564,7 +563,7 @@ def gateway_todo(state: Mapping[str, Any], paths: Mapping[str, str], unit: str, 
         "start": props.get("ActiveState") != "active",
     }
     todo["restart"] = not todo["start"] and bool(
-        todo["unit"] or GATEWAY_HELPERS[0] in todo["helpers"] or todo["api_key"] or todo["api_key_remove"]
+        todo["unit"] or GATEWAY_HELPERS[0] in todo["helpers"] or todo["api_key"]
         or todo["control_key"] or todo["tls"])
     todo["any"] = any(bool(v) for v in todo.values())
     return todo
@@ -596,11 +595,13 @@ def gateway_key_first(state: Mapping[str, Any], paths: Mapping[str, str], unit: 
     restarted first with the key serves every replica, and each replica then takes the key in its turn. The other
     order fails the first keyed replica a gateway without the key reaches: after a power-off mid-rollout the old
     gateway's startup registration of that replica is refused (401) and retried without end, and every add of it is
-    refused as already in progress (409). The key itself leaves this function only as a boolean."""
+    refused as already in progress (409). A keyless gateway's key file is absent or empty (key_file_text). The key
+    itself leaves this function only as a boolean."""
     from dflash_infra import host_state
 
     running = ((state.get("units") or {}).get(unit) or {}).get("ActiveState") == "active"
-    return bool(api_key) and running and not host_state.path_entry(state, paths["api_key"]).get("exists")
+    key_file = host_state.path_entry(state, paths["api_key"])
+    return bool(api_key) and running and not (key_file.get("exists") and key_file.get("size"))
 
 
 def gateway_record(previous: Mapping[str, Any] | None, venv: Mapping[str, Any], lock_file: str, version: str,

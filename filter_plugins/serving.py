@@ -45,6 +45,7 @@ class FilterModule:
             "dflash_serving_environment": serving.systemd_environment,
             "dflash_systemd_text": serving.systemd_text,
             "dflash_engine_env_text": serving.engine_env_text,
+            "dflash_key_file_text": serving.key_file_text,
             "dflash_key_problems": serving.key_problems,
             "dflash_keys_problems": serving.keys_problems,
             "dflash_secret_files": serving.secret_files,

@@ -21,9 +21,10 @@ def entry(sha: str = "", kind: str = "file", mode: str = "0600") -> dict[str, An
     return {"exists": True, "kind": kind, "sha256": sha, "mode": mode, "owner": "root", "group": "root"}
 
 
-def secret(matches: bool | None = True) -> dict[str, Any]:
-    """A key file as host_state reads it: no hash, only whether it holds what the deploy would write."""
-    return {"exists": True, "kind": "file", "matches": matches, "mode": "0600", "owner": "root", "group": "root"}
+def secret(matches: bool | None = True, size: int = 49) -> dict[str, Any]:
+    """A key file as host_state reads it: no hash, only its size and whether it holds what the deploy would write."""
+    return {"exists": True, "kind": "file", "size": size, "matches": matches, "mode": "0600", "owner": "root",
+            "group": "root"}
 
 
 def converged() -> dict[str, Any]:
@@ -101,8 +102,18 @@ def test_one_drift_is_one_thing_to_do(change: Any, expected: dict[str, Any]) -> 
 
 
 def test_keys_given_or_taken_away() -> None:
-    # An endpoint whose key was removed (loopback only): the file goes, the gateway restarts without it.
-    assert {k for k, v in todo(converged(), api_key="").items() if v} == {"api_key_remove", "restart", "any"}
+    # An endpoint whose key was removed (loopback only): the file is emptied (host_state found it not empty, as the
+    # deploy would write it), the gateway restarts without a key; its unit stays the same (key_file_text).
+    removed = converged()
+    removed["files"][PATHS["credentials"]]["children"]["api-key"].update(matches=False)
+    assert {k for k, v in todo(removed, api_key="").items() if v} == {"api_key", "restart", "any"}
+    assert serving.key_file_text("") == "" and serving.key_file_text("k" * 32) == "k" * 32 + "\n"
+    # A keyless gateway's empty key file is what the deploy would write: nothing to do.
+    assert todo(converged(), api_key="")["any"] is False
+    # A host from before the key file was always there (keyless, no file): the empty file is written, one restart.
+    older = converged()
+    del older["files"][PATHS["credentials"]]["children"]["api-key"]
+    assert {k for k, v in todo(older, api_key="").items() if v} == {"api_key", "restart", "any"}
     # A control-plane key from the vault that differs from the host's (host_state's comparison on the host said so):
     # written, restart.
     differs = converged()
@@ -154,6 +165,9 @@ def test_a_new_api_key_goes_to_the_running_gateway_before_the_replicas_roll() ->
     assert first(keyless) is True
     assert first(keyless, key="") is False  # no key wanted: the usual order
     assert first(converged()) is False  # the gateway has a key already (the same or another: the usual order)
+    empty = converged()
+    empty["files"][PATHS["credentials"]]["children"]["api-key"].update(size=0, matches=False)
+    assert first(empty) is True  # a keyless gateway's key file is empty
     stopped = converged()
     del stopped["files"][PATHS["credentials"]]["children"]["api-key"]
     stopped["units"]["smg-gateway.service"]["ActiveState"] = "inactive"

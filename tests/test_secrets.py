@@ -75,7 +75,9 @@ def test_the_secret_files_are_every_env_file_and_the_gateways_keys_with_what_the
     assert [f["path"] for f in files] == ["/etc/dflash-infra/a.env", "/etc/dflash-infra/b.env", paths["api_key"]]
     assert files[0]["content"] == serving.engine_env_text(KEY) and f"SGLANG_API_KEY={KEY}\n" in files[0]["content"]
     assert files[2]["content"] == f"{KEY}\n"
-    assert [f["path"] for f in serving.secret_files([], "", "", paths, KEY)] == [paths["control_plane_key"]]
+    # Without a key the endpoint's key file is expected empty (the gateway's unit loads it either way).
+    assert serving.secret_files([], "", "", paths, KEY) == [{"path": paths["api_key"], "content": ""},
+                                                           {"path": paths["control_plane_key"], "content": f"{KEY}\n"}]
     assert "SGLANG_API_KEY" not in serving.engine_env_text("")
 
 

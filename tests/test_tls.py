@@ -90,7 +90,8 @@ def test_preflight_judges_the_endpoint_on_its_host_and_the_hop_on_the_fronted_ho
 def test_the_gateway_writes_and_compares_the_tls_files() -> None:
     paths = serving.gateway_paths("smg-gateway.service", "/etc/dflash-infra", "/usr/local/lib/dflash-infra")
     files = serving.secret_files([], "", "", paths, "", SETTINGS)
-    assert files == [{"path": paths["tls_key"], "content": KEY.rstrip("\n") + "\n"}]  # the key only: cert, CA public
+    assert files == [{"path": paths["api_key"], "content": ""},  # no endpoint key: its file empty
+                     {"path": paths["tls_key"], "content": KEY.rstrip("\n") + "\n"}]  # the key only: cert, CA public
     assert serving.tls_text(SETTINGS, "cert") == CERT.rstrip("\n") + "\n"
     import hashlib
 
@@ -153,7 +154,7 @@ def test_remote_replicas_over_tls_are_reached_at_https_and_written_as_their_unit
                                                      "/etc/dflash-infra/sglang-qwen-r0.tls-key")
     gateway = serving.gateway_paths("smg-gateway.service", "/etc/dflash-infra", "/usr/local/lib/dflash-infra")
     files = serving.secret_files([paths["env_file"]], "", "", gateway, "", None, WORKER)
-    assert [f["path"] for f in files] == [paths["env_file"], paths["tls_cert"], paths["tls_key"]]
+    assert [f["path"] for f in files] == [paths["env_file"], gateway["api_key"], paths["tls_cert"], paths["tls_key"]]
 
     def held(matches: bool) -> dict[str, Any]:
         return {"exists": True, "kind": "file", "matches": matches, "mode": "0600", "owner": "root", "group": "root"}
