@@ -79,7 +79,7 @@ def normalize(raw: Mapping[str, Any], deny_extra: Sequence[str] = ()) -> Json:
         if "nvidia" in raw:
             state["driver"] = driver.driver_state(state["kernel_module"], probe, state["smi"],
                                                   driver.DENY_PATTERNS + tuple(deny_extra))
-    for key in ("files", "accounts", "units", "venvs", "training", "models", "ports", "system", "health"):
+    for key in ("files", "accounts", "units", "venvs", "training", "models", "ports", "system", "health", "gateway"):
         if key in raw:
             state[key] = raw[key]
     return state

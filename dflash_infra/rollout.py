@@ -310,3 +310,47 @@ def rollback_turns(state: Mapping[str, Any], all_slots: Sequence[Mapping[str, An
     return {"turns": turns, "problems": problems,
             "lines": [f"{t['name']}: back from the deployment of {t['from']} to that of {t['to']} ({t['to_unit']})"
                       for t in turns]}
+
+
+def reconcile(state: Mapping[str, Any], workers: Sequence[str], plan: Mapping[str, Any],
+              all_slots: Sequence[Mapping[str, Any]], key_file: str,
+              notes: Sequence[Mapping[str, Any]] = ()) -> dict[str, Any]:
+    """What the gateway routes to against what the plan says it should (every run, on the gateway's host): a worker of
+    the plan missing from the gateway (a replica drained by a run that died, or removed by hand) is added back; one
+    the plan no longer has is removed. Decided from host_state's read of the gateway (`gateway`: its /workers).
+
+    workers: the plan's workers (the gateway section's, with those of the hosts it fronts). plan: this run's
+    `rollout` of this host (its replicas; a replica of this host is added with its environment file's key, read on
+    the host, another host's with the endpoint's, `key_file`). notes: the replicas' notes of this run's turns, on every
+    host the gateway fronts (serve_replica.yml): one that rolled was taken out and put back by its turn, one retired
+    by the retirement, so neither is this step's.
+    Returns `read` (whether the gateway answered), `add` [{url, name, args (smg-ctl's)}], `remove` [url] and `lines`
+    (what it does, for the run's output and --check)."""
+    gw = state.get("gateway") or {}
+    if not gw.get("asked"):
+        return {"read": False, "add": [], "remove": [], "lines": []}
+    if gw.get("status") != 200:
+        detail = gw.get("error") or f"answered {gw.get('status')}"
+        return {"read": False, "add": [], "remove": [],
+                "lines": [f"its workers were not read ({gw.get('url')}/workers: {detail}); a gateway that starts in "
+                          "this run registers every worker of its command line"]}
+    seen = {str(w.get("url") or "").rstrip("/") for w in gw.get("workers") or []}
+    mine = {str(r["url"]).rstrip("/"): r for r in plan.get("replicas") or []}
+    done = {str(n["url"]).rstrip("/") for n in notes if n.get("would") == "roll"}
+    done |= {str(r["url"]).rstrip("/") for r in plan.get("retire") or []}
+    wanted_urls = [str(u).rstrip("/") for u in workers]
+    add = []
+    for url in wanted_urls:
+        if url in seen or url in done:
+            continue
+        replica = mine.get(url)
+        # smg-ctl's arguments after its gateway options: a replica of this host with its environment file's key,
+        # another host's with the endpoint's (a global option, before the subcommand).
+        args = (["add", "--worker", url, "--env-file", str(all_slots[int(replica["index"])]["env_file"])] if replica
+                else ["--key-file", key_file, "add", "--worker", url])
+        add.append({"url": url, "name": str(replica["name"]) if replica else url, "args": args})
+    remove = sorted(seen - set(wanted_urls) - done)
+    lines = [f"{a['name']} ({a['url']}) is a worker of the plan the gateway does not route to: added back once ready"
+             for a in add]
+    lines += [f"{url} is routed to but not a worker of the plan: removed" for url in remove]
+    return {"read": True, "add": add, "remove": remove, "lines": lines}

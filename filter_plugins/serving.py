@@ -72,6 +72,7 @@ class FilterModule:
             "dflash_rollout_wanted": rollout.wanted,
             "dflash_rollout": rollout.rollout,
             "dflash_rollout_lines": rollout.summary_lines,
+            "dflash_gateway_reconcile": rollout.reconcile,
             "dflash_rollout_turns": rollout.turns,
             "dflash_rollout_converged_notes": rollout.converged_notes,
             "dflash_rollback_turns": rollout.rollback_turns,

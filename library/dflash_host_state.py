@@ -24,7 +24,7 @@ options:
     description: What to read; the default reads everything (host_state's read and refresh both do).
     type: list
     elements: str
-    choices: [nvidia, userspace, files, accounts, units, venvs, training, models, ports, system, health]
+    choices: [nvidia, userspace, files, accounts, units, venvs, training, models, ports, system, health, gateway]
   nvidia:
     description: nvidia_smi (command), proc_dir (the driver's /proc folder or a stand-in), gpu_fields, app_fields.
     type: dict
@@ -84,6 +84,11 @@ options:
     description: Local URLs to GET, as {url, timeout}; the status code is reported, nothing else is asked.
     type: list
     elements: dict
+  gateway:
+    description:
+      - The gateway on this host, as {url, key_file, timeout}; its GET /workers is asked with the control-plane key read
+        from key_file here (never returned). Empty for a host without a gateway.
+    type: dict
 author: dflash-infra
 """
 
@@ -124,7 +129,7 @@ else:
     from ansible.module_utils.dflash_training.selection import find
 
 SECTIONS = ["nvidia", "userspace", "files", "accounts", "units", "venvs", "training", "models", "ports", "system",
-            "health"]
+            "health", "gateway"]
 GPU_FIELDS = ["index", "name", "memory.total", "compute_cap", "driver_version", "pci.bus_id", "uuid"]
 APP_FIELDS = ["pid", "process_name", "used_gpu_memory", "gpu_uuid"]
 
@@ -162,6 +167,10 @@ def read_section(name: str, p: dict[str, Any]) -> Any:
                 "filesystems": {path: system.filesystem(path) for path in p["filesystems"] or []}}
     if name == "health":
         return {h["url"]: health.get(h["url"], float(h.get("timeout") or 3)) for h in p["health"] or []}
+    if name == "gateway":
+        gw = p["gateway"] or {}
+        return (health.gateway_workers(str(gw["url"]), str(gw.get("key_file") or ""), float(gw.get("timeout") or 3))
+                if gw.get("url") else {"asked": False})
     raise ValueError(name)
 
 
@@ -208,6 +217,7 @@ def main() -> None:
             "ports": {"type": "list", "elements": "int"},
             "filesystems": {"type": "list", "elements": "path"},
             "health": {"type": "list", "elements": "dict"},
+            "gateway": {"type": "dict"},
         },
         supports_check_mode=True,
     )

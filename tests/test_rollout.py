@@ -344,3 +344,60 @@ def test_an_on_demand_rollback_takes_the_replicas_whose_record_names_a_previous_
     assert rollout.rollback_turns({}, all_slots, urls)["problems"] == [
         "no replica has a previous deployment to go back to (deployment.json's `previous` with a unit snapshot): "
         "nothing to roll back"]
+
+
+def gateway_read(urls: list[str], status: int | None = 200) -> dict[str, Any]:
+    """host_state's read of the gateway (module_utils/dflash_state/health.gateway_workers) routing to `urls`."""
+    return {"asked": True, "url": "http://127.0.0.1:30000", "status": status,
+            "error": "" if status else "[Errno 111] Connection refused",
+            "workers": [{"url": u, "id": f"id-{i}", "status": "ready", "healthy": True} for i, u in enumerate(urls)]}
+
+
+KEY_FILE = "/etc/dflash-infra/smg-gateway/api-key"
+PEER = "https://ct201.lab:30001"
+
+
+def test_a_replica_left_out_of_the_gateway_by_a_dead_run_goes_back_with_its_own_key() -> None:
+    urls = [w["url"] for w in wanted(4)]
+    state = {**host(4), "gateway": gateway_read([urls[0], urls[2], urls[3], PEER])}
+    plan = rollout.rollout(state, wanted(4), LEGACY, SLOTS)
+    out = rollout.reconcile(state, [*urls, PEER], plan, SLOTS, KEY_FILE)
+    assert out["read"] is True and out["remove"] == []
+    assert out["add"] == [{"url": urls[1], "name": "sglang-qwen-r1.service",
+                           "args": ["add", "--worker", urls[1], "--env-file", f"{ENV}/sglang-qwen-r1.env"]}]
+    assert out["lines"] == [f"sglang-qwen-r1.service ({urls[1]}) is a worker of the plan the gateway does not route "
+                            "to: added back once ready"]
+
+
+def test_another_hosts_replica_goes_back_with_the_endpoints_key_and_a_worker_beyond_the_plan_is_removed() -> None:
+    urls = [w["url"] for w in wanted(2)]
+    stale = "http://127.0.0.1:30009"
+    state = {**host(2), "gateway": gateway_read([*urls, stale])}
+    out = rollout.reconcile(state, [*urls, PEER + "/"], rollout.rollout(state, wanted(2), LEGACY, SLOTS), SLOTS,
+                            KEY_FILE)
+    assert out["add"] == [{"url": PEER, "name": PEER, "args": ["--key-file", KEY_FILE, "add", "--worker", PEER]}]
+    assert out["remove"] == [stale]
+    assert out["lines"][1] == f"{stale} is routed to but not a worker of the plan: removed"
+
+
+def test_a_complete_gateway_and_the_replicas_this_run_rolled_or_retires_are_left_to_their_own_steps() -> None:
+    urls = [w["url"] for w in wanted(4)]
+    complete = {**host(4), "gateway": gateway_read(urls)}
+    assert rollout.reconcile(complete, urls, rollout.rollout(complete, wanted(4), LEGACY, SLOTS), SLOTS,
+                             KEY_FILE) == {"read": True, "add": [], "remove": [], "lines": []}
+    # r1 missing at the read and rolled by this run's turn (which adds it back); r3 beyond a plan of 3, retired.
+    state = {**host(4), "gateway": gateway_read([urls[0], urls[2], urls[3]])}
+    plan = rollout.rollout(state, wanted(3), LEGACY, SLOTS, [w["url"] for w in wanted(8)])
+    notes = [{"url": urls[1], "would": "roll"}, {"url": urls[0], "would": ""}]
+    assert rollout.reconcile(state, urls[:3], plan, SLOTS, KEY_FILE, notes)["lines"] == []
+
+
+def test_a_gateway_not_read_is_left_to_its_own_start_and_said_so() -> None:
+    assert rollout.reconcile(host(2), [], rollout.rollout(host(2), wanted(2), LEGACY, SLOTS), SLOTS,
+                             KEY_FILE)["lines"] == []
+    down = {**host(2), "gateway": gateway_read([], status=None)}
+    out = rollout.reconcile(down, [w["url"] for w in wanted(2)], rollout.rollout(down, wanted(2), LEGACY, SLOTS),
+                            SLOTS, KEY_FILE)
+    assert (out["read"], out["add"], out["remove"]) == (False, [], [])
+    assert out["lines"] == ["its workers were not read (http://127.0.0.1:30000/workers: [Errno 111] Connection "
+                            "refused); a gateway that starts in this run registers every worker of its command line"]

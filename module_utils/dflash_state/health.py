@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import http.client
 import ipaddress
+import json
 import ssl
 import time
 import urllib.error
@@ -50,3 +51,42 @@ def get(url: str, timeout: float = 3.0) -> dict[str, Any]:
     except http.client.HTTPException as exc:  # another protocol on the port (HTTP to a TLS listener): not an answer
         status, error = None, f"{type(exc).__name__}: not an HTTP answer"
     return {"url": url, "status": status, "error": error, "elapsed_s": round(time.monotonic() - start, 3)}
+
+
+def gateway_workers(url: str, key_file: str, timeout: float = 3.0) -> dict[str, Any]:
+    """What the gateway on this host routes to: its GET /workers with the control-plane key read here (root only), so
+    the key never leaves the host. {asked, url, status, error, workers: [{url, id, status, healthy}]}."""
+    out: dict[str, Any] = {"asked": True, "url": url, "status": None, "error": "", "workers": []}
+    key = ""
+    try:
+        with open(key_file or "", encoding="utf-8") as fh:
+            key = fh.read().strip()
+    except OSError:  # no key file: asked without a key, which a gateway with one answers 401
+        pass
+    request = urllib.request.Request(url.rstrip("/") + "/workers")
+    if key:
+        request.add_header("Authorization", f"Bearer {key}")
+    handlers: list[Any] = [urllib.request.ProxyHandler({})]
+    context = loopback_tls(url)
+    if context is not None:
+        handlers.append(urllib.request.HTTPSHandler(context=context))
+    try:
+        with urllib.request.build_opener(*handlers).open(request, timeout=timeout) as response:
+            out["status"] = response.status
+            body = json.loads(response.read() or b"{}")
+    except urllib.error.HTTPError as exc:
+        out["status"], out["error"] = exc.code, str(exc.reason)
+        return out
+    except (urllib.error.URLError, OSError) as exc:
+        out["error"] = str(getattr(exc, "reason", exc))
+        return out
+    except (http.client.HTTPException, ValueError) as exc:
+        out["error"] = f"{type(exc).__name__}: not a JSON answer"
+        return out
+    workers = body.get("workers") if isinstance(body, dict) else None
+    if not isinstance(workers, list):
+        out["error"] = f"expected a workers list, found {str(body)[:200]}"
+        return out
+    out["workers"] = [{"url": str(w.get("url") or "").rstrip("/"), "id": w.get("id"), "status": w.get("status"),
+                       "healthy": w.get("is_healthy")} for w in workers if isinstance(w, dict)]
+    return out

@@ -1056,6 +1056,32 @@ def test_a_worker_is_drained_out_and_added_back_through_the_control_plane(routed
 
 
 @pytest.mark.smg_parser
+def test_the_host_read_sees_what_the_gateway_routes_to_and_a_worker_beyond_the_plan_is_removed(routed: Routed) -> None:
+    """host_state's read of the gateway (its GET /workers with the control-plane key read on the host), which the
+    rollout reconciles with the plan every run, before and after a worker leaves; smg-ctl's remove for a worker the
+    plan no longer has (no wait on an engine that is not the deploy's); a wrong key is an answer, not a crash."""
+    sys.path.insert(0, str(REPO / "module_utils"))
+    from dflash_state import health
+
+    key_file = str(routed.credentials / "control-plane-key")
+    read = health.gateway_workers(routed.url, key_file)
+    assert (read["asked"], read["status"], read["error"]) == (True, 200, ""), read
+    assert sorted(w["url"] for w in read["workers"]) == sorted(routed.workers)
+    assert all(w["status"] == "ready" and w["healthy"] is True and w["id"] for w in read["workers"]), read
+    second = routed.workers[1]
+    rc, removed = ctl(routed.url, routed.credentials, "remove", "--worker", second)
+    assert rc == 0 and removed == {"state": "done", "changed": True,
+                                   "detail": f"{second} removed from {routed.url}"}, removed
+    assert [w["url"] for w in health.gateway_workers(routed.url, key_file)["workers"]] == [routed.workers[0]]
+    assert ctl(routed.url, routed.credentials, "remove", "--worker", second)[1]["changed"] is False
+    assert ctl(routed.url, routed.credentials, "add", "--worker", second)[0] == 0
+    refused = health.gateway_workers(routed.url, "/nonexistent/key")
+    assert (refused["status"], refused["workers"]) == (401, []), refused
+    down = health.gateway_workers("http://127.0.0.1:9", key_file, timeout=2)
+    assert down["status"] is None and down["error"] and down["workers"] == [], down
+
+
+@pytest.mark.smg_parser
 def test_adding_a_worker_the_gateway_is_still_creating_waits_for_it_and_changes_nothing(
         venv_python: Path, smg_python: Path, planner_argv: list[str], gpu_profile: Path, tmp_path: Path) -> None:
     # A rebooted host: the gateway starts before its replica, and keeps creating the worker of its command line

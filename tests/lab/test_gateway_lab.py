@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
+import signal
 import socket
 import subprocess
 import sys
@@ -401,6 +403,70 @@ def test_a_replica_killed_under_load_is_routed_around_and_rejoins(routed: LabHan
     figures = load.stop()
     print(f"\nreplica SIGKILLed under load: {figures['requests']} requests, {figures['failed']} failed")
     assert figures["requests"] > 50 and figures["failed"] == 0, figures
+
+
+def gateway_workers(lab: LabHandle) -> list[str]:
+    """The URLs ct200's gateway routes to, from its control plane on the host."""
+    out = lab.ssh("ct200", "python3", "/usr/local/lib/dflash-infra/smg-ctl", "--url",
+                  f"http://{lab.addresses['ct200']}:30000", "--credentials", "/etc/dflash-infra/smg-gateway",
+                  "workers").stdout
+    return sorted(w["url"] for w in json.loads(out)["workers"])
+
+
+def killed_after_the_first_drain(extra: dict[str, Any]) -> str:
+    """A deploy SIGKILLed (with its ssh connections) as soon as it says it drained a replica, before that replica's
+    unit is written: what a run that died mid-rollout leaves. Returns what it printed."""
+    argv = [tool("ansible-playbook"), "-i", "inventory/lab", "-l", "ct200", "deploy_dflash.yml", "-e",
+            json.dumps(extra)]
+    proc = subprocess.Popen(argv, cwd=ROOT, env={**ansible_environment(), "PYTHONUNBUFFERED": "1"}, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    seen: list[str] = []
+    draining = False
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        seen.append(line)
+        if draining and line.startswith("changed: [ct200"):
+            os.killpg(proc.pid, signal.SIGKILL)
+            break
+        if line.startswith("TASK ["):
+            draining = line.startswith("TASK [Take the replica out of the gateway")
+    proc.wait(timeout=60)
+    assert proc.returncode == -signal.SIGKILL, "".join(seen)[-3000:]
+    return "".join(seen)
+
+
+def test_a_replica_left_drained_by_a_deploy_killed_mid_rollout_is_put_back_by_the_next_run(
+        routed: LabHandle, tmp_path: Path) -> None:
+    """The deploy SIGKILLed right after it drained replica 0 (before its restart) leaves the endpoint on three
+    replicas; the team reverts the change and runs again: replica 0's unit matches the inventory, so no turn would
+    touch it, and the run's reconciling puts it back into the gateway (--check lists it first). A load client streams
+    through the gateway throughout: no request fails. A third run changes nothing."""
+    ct200 = routed.addresses["ct200"]
+    urls = [f"http://{ct200}:{30001 + i}" for i in range(4)]
+    load = Load(f"http://{ct200}:30000", tmp_path / "load")
+    killed = killed_after_the_first_drain({**KEPT, "dflash_plan_overrides": {"max_running_requests": 16}})
+    assert "sglang-qwen-r0.service" in killed, killed[-3000:]
+    assert gateway_workers(routed) == urls[1:]  # replica 0 serves, out of the gateway, and nothing says so
+    assert unit_state(routed, REPLICAS[0])[0] == "active"
+    before = routed.changeable_state()
+    dry = play("deploy_dflash.yml", "--check", extra=KEPT)
+    left_out = (f"ct200: gateway: sglang-qwen-r0.service ({urls[0]}) is a worker of the plan the gateway does not "
+                "route to: added back once ready")
+    assert dry.returncode == 0 and left_out in " ".join(dry.stdout.split()), dry.stdout[-5000:]
+    assert routed.changeable_state() == before and gateway_workers(routed) == urls[1:]
+    healed = play("deploy_dflash.yml", extra=KEPT)
+    out = " ".join(healed.stdout.split())
+    assert healed.returncode == 0, failures(healed.stdout)
+    assert left_out in out and recap(healed)["changed"] >= 1, out[-3000:]
+    assert re.search(r"changed: \[ct200\] => \(item=sglang-qwen-r0\.service\)", healed.stdout), healed.stdout[-3000:]
+    assert gateway_workers(routed) == urls
+    load.wait_requests(20)  # through the replica put back too
+    figures = load.stop()
+    print(f"\nkilled mid-rollout, healed by the next run: {figures['requests']} requests, {figures['failed']} failed")
+    assert figures["requests"] > 50 and figures["failed"] == 0, figures
+    again = play("deploy_dflash.yml", extra=KEPT)
+    assert again.returncode == 0 and recap(again)["changed"] == 0, again.stdout[-3000:]
+    assert "the gateway does not route to" not in again.stdout
 
 
 GATEWAY_LOAD = "/var/lib/dflash-infra/smg-gateway.load.json"
