@@ -18,6 +18,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -260,6 +261,35 @@ def test_two_deploys_at_once_the_second_fails_at_once_naming_the_first(fresh_lab
     after = deploy(tmp_path)
     assert after.rc == 0 and changed(after) == 0, stdout(after)[-3000:]
     assert fresh_lab.ssh("ct200", "test", "!", "-e", "/run/dflash-infra/deploy.lock").returncode == 0
+
+
+def test_another_controllers_lock_is_kept_while_its_heartbeat_is_fresh_and_taken_over_once_stale(
+        fresh_lab: LabHandle, tmp_path: Path) -> None:
+    """Two controllers: a run on another machine (whose process this controller cannot see) holds ct200's lock. While
+    its heartbeat (the lock file's modification time) is fresh the deploy refuses, naming it; once the heartbeat is
+    older than the stale limit (15 min) the deploy takes the lock over, saying whose it was, and goes on."""
+    path = "/run/dflash-infra/deploy.lock"
+    started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() - 3600))
+    other = {"owner": "alice", "controller": "ops-laptop", "pid": 4242, "started_at": started,
+             "playbook": "deploy_dflash.yml"}
+    (tmp_path / "deploy.lock").write_text(json.dumps(other))
+    fresh_lab.put("ct200", tmp_path / "deploy.lock", path)
+    try:
+        live = deploy(tmp_path)
+        out = " ".join(stdout(live).split())
+        assert live.rc != 0 and changed(live) == 0, out[-3000:]
+        assert (f"ct200: another deploy holds this host: deploy_dflash.yml run by alice on ops-laptop (pid 4242, "
+                f"since {started}), its last heartbeat ") in out, out[-3000:]
+        assert json.loads(fresh_lab.ssh("ct200", "cat", path).stdout) == other  # not taken
+        assert fresh_lab.ssh("ct200", "touch", "-d", f"@{int(time.time()) - 20 * 60}", path).returncode == 0
+        stale = deploy(tmp_path)
+        out = " ".join(stdout(stale).split())
+        assert stale.rc == 0 and changed(stale) == 0, out[-3000:]
+        assert ("ct200: took over the deploy lock of a dead run (its last heartbeat was 20 min ago, more than 15 min): "
+                f"deploy_dflash.yml run by alice on ops-laptop (pid 4242, since {started})") in out, out[-3000:]
+    finally:
+        fresh_lab.ssh("ct200", "rm", "-f", path)
+    assert fresh_lab.ssh("ct200", "test", "!", "-e", path).returncode == 0  # given back by the run that took it
 
 
 def test_stop_serving_hands_the_gpus_back_for_training_and_the_next_deploy_serves_again(
