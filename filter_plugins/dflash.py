@@ -1,5 +1,5 @@
 """Ansible filters over the dflash_infra planner library: the plan's inputs, its table, the preflight checks,
-the scrape configuration made from the plans.
+the scrape configuration and alert rules made from the plans, the team's Alertmanager configuration.
 Thin adapters, no logic of their own (the planner itself runs in action_plugins/dflash_plan.py)."""
 
 from __future__ import annotations
@@ -9,11 +9,11 @@ from pathlib import Path
 from typing import Any
 
 try:
-    from dflash_infra import monitoring, plan_inputs, planner, preflight, rollout, tls
+    from dflash_infra import alerts, monitoring, plan_inputs, planner, preflight, rollout, tls
     from dflash_infra.ansible_filters import as_filters
 except ImportError:  # running from a checkout whose package is not installed in this Python
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from dflash_infra import monitoring, plan_inputs, planner, preflight, rollout, tls
+    from dflash_infra import alerts, monitoring, plan_inputs, planner, preflight, rollout, tls
     from dflash_infra.ansible_filters import as_filters
 
 
@@ -36,13 +36,16 @@ def dflash_serving_problems(state: dict[str, Any], host: str, plan: dict[str, An
 
 
 class FilterModule:
-    """dflash_* filters of the plan, the preflight and the scrape configuration."""
+    """dflash_* filters of the plan, the preflight, the scrape configuration, the alerts and Alertmanager."""
 
     def filters(self) -> dict[str, Any]:
         return as_filters({
             "dflash_plan_table": planner.plan_table,
             "dflash_monitoring_scrape_config": monitoring.scrape_config,
             "dflash_monitoring_unreachable": monitoring.unreachable,
+            "dflash_monitoring_alert_rules": alerts.rules,
+            "dflash_alertmanager_config": alerts.alertmanager_config,
+            "dflash_alertmanager_webhook_problems": alerts.webhook_problems,
             "dflash_plan_gpus": plan_inputs.plan_gpus,
             "dflash_gpu_host_basis": plan_inputs.gpu_host_basis,
             "dflash_plan_models_from": plan_inputs.plan_models,

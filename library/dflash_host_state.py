@@ -34,8 +34,9 @@ options:
     elements: path
   files:
     description:
-      - Paths to read, as {path, content (bool), json (bool), children (bool), secret (bool)}; without them only
-        existence, mode, owner and sha256. C(children) lists a folder one level deep (its JSON files parsed).
+      - Paths to read, as {path, content (bool), json (bool), children (bool), secret (bool), mtime (bool)}; without
+        them only existence, mode, owner and sha256; C(mtime) adds the modification time (the deploy lock's
+        heartbeat). C(children) lists a folder one level deep (its JSON files parsed).
         C(secret) (a key file, or a folder of them) is never hashed nor returned, see I(secrets).
     type: list
     elements: dict
@@ -147,7 +148,8 @@ def read_section(name: str, p: dict[str, Any]) -> Any:
     if name == "files":
         expect = {str(e["path"]): str(e.get("content") or "") for e in p["secrets"] or []}
         return {f["path"]: files.read_file(f["path"], bool(f.get("content")), bool(f.get("json")),
-                                           bool(f.get("children")), bool(f.get("secret")), expect)
+                                           bool(f.get("children")), bool(f.get("secret")), expect,
+                                           bool(f.get("mtime")))
                 for f in p["files"] or []}
     if name == "accounts":
         return files.accounts(list(p["users"] or []), list(p["groups"] or []))

@@ -61,29 +61,42 @@ def run_module(module: str, args: dict[str, Any], check: bool = False, diff: boo
 
 
 PROMETHEUS_CACHE = ROOT / ".cache" / "promtool"
+ALERTMANAGER_CACHE = ROOT / ".cache" / "alertmanager"
 
 
 def debian_prometheus() -> Path:
     """Debian's package prometheus (the server and promtool), fetched once with `apt-get download` and unpacked into
-    .cache/promtool/root, never installed; returns that root. Unpacked beside and renamed into place under a lock, so
-    the tiers that run at once (promtool beside the labs, Prometheus in a lab) never see half a tree."""
+    .cache/promtool/root, never installed; returns that root."""
+    return debian_unpacked("prometheus", PROMETHEUS_CACHE, "usr/bin/prometheus")
+
+
+def debian_alertmanager() -> Path:
+    """Debian's package prometheus-alertmanager (the server and amtool), as debian_prometheus: unpacked into
+    .cache/alertmanager/root, never installed; returns that root."""
+    return debian_unpacked("prometheus-alertmanager", ALERTMANAGER_CACHE, "usr/bin/amtool")
+
+
+def debian_unpacked(package: str, cache: Path, probe: str) -> Path:
+    """A Debian package fetched once with `apt-get download` and unpacked into `cache`/root (done when `probe` is
+    there), never installed; returns that root. Unpacked beside and renamed into place under a lock, so the tiers
+    that run at once (promtool beside the labs, Prometheus in a lab) never see half a tree."""
     import fcntl
 
-    root = PROMETHEUS_CACHE / "root"
-    PROMETHEUS_CACHE.mkdir(parents=True, exist_ok=True)
-    with open(PROMETHEUS_CACHE.parent / "promtool.lock", "w") as lock:
+    root = cache / "root"
+    cache.mkdir(parents=True, exist_ok=True)
+    with open(cache.parent / f"{cache.name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        if (root / "usr" / "bin" / "prometheus").is_file():
+        if (root / probe).is_file():
             return root
-        for old in [*PROMETHEUS_CACHE.glob("prometheus_*.deb"), PROMETHEUS_CACHE / "root.tmp", root]:
+        for old in [*cache.glob(f"{package}_*.deb"), cache / "root.tmp", root]:
             shutil.rmtree(old, ignore_errors=True) if old.is_dir() else old.unlink(missing_ok=True)
-        download = ["apt-get", "download", "prometheus"]
-        got = subprocess.run(download, cwd=PROMETHEUS_CACHE, capture_output=True, text=True, check=False)
+        download = ["apt-get", "download", package]
+        got = subprocess.run(download, cwd=cache, capture_output=True, text=True, check=False)
         if got.returncode != 0:  # a machine without package lists yet
             subprocess.run(["apt-get", "update", "-qq"], capture_output=True, text=True, check=False)
-            got = subprocess.run(download, cwd=PROMETHEUS_CACHE, capture_output=True, text=True, check=False)
-        assert got.returncode == 0, f"apt-get download prometheus failed (run apt-get update?):\n{got.stderr}"
-        (deb,) = PROMETHEUS_CACHE.glob("prometheus_*.deb")
-        subprocess.run(["dpkg-deb", "-x", str(deb), str(PROMETHEUS_CACHE / "root.tmp")], check=True)
-        (PROMETHEUS_CACHE / "root.tmp").rename(root)
+            got = subprocess.run(download, cwd=cache, capture_output=True, text=True, check=False)
+        assert got.returncode == 0, f"apt-get download {package} failed (run apt-get update?):\n{got.stderr}"
+        (deb,) = cache.glob(f"{package}_*.deb")
+        subprocess.run(["dpkg-deb", "-x", str(deb), str(cache / "root.tmp")], check=True)
+        (cache / "root.tmp").rename(root)
     return root

@@ -62,10 +62,10 @@ def test_a_plan_with_errors_gives_no_target() -> None:
 def test_the_playbook_writes_the_file_from_the_library(tmp_path: Path) -> None:
     """Checked as a person runs it: offline plans of the production inventory, the file on the controller."""
     out = tmp_path / "dflash.yml"
+    settings = yaml.safe_load((ROOT / "group_vars" / "all" / "monitoring.yml").read_text())["dflash_monitoring"]
+    settings.update(address="{{ ansible_host }}", scrape_config=str(out), rules_file=str(tmp_path / "alerts.yml"))
     run = subprocess.run([str(ROOT / ".venv" / "bin" / "ansible-playbook"), "playbooks/monitoring.yml",
-                          "-e", json.dumps({"dflash_monitoring": {"address": "{{ ansible_host }}",
-                                                                  "scrape_interval": "15s",
-                                                                  "scrape_config": str(out)}})],
+                          "-e", json.dumps({"dflash_monitoring": settings})],
                          cwd=ROOT, capture_output=True, text=True, check=False)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     assert yaml.safe_load(out.read_text()) == monitoring.scrape_config(hosts())
@@ -95,14 +95,23 @@ def test_the_committed_dashboard_is_what_the_tool_builds() -> None:
 def test_the_dashboard_has_its_panels_on_a_prometheus_data_source() -> None:
     board = json.loads(grafana_dashboard.OUTPUT.read_text())
     assert [p["title"] for p in board["panels"]] == ["Output tokens/s", "Mean acceptance length",
-                                                      "Running and queued requests", "Errors per replica"]
+                                                      "Running and queued requests", "Errors per replica",
+                                                      "Replicas in the gateway", "Firing alerts"]
+    state, firing = board["panels"][4:]
+    assert state["type"] == "state-timeline" and firing["type"] == "table"
+    assert firing["targets"][0]["expr"] == ('sum by (alertname, severity, dflash_host, replica) '
+                                            '(ALERTS{alertstate="firing"})') and firing["targets"][0]["instant"]
+    words = {m["type"]: m["options"] for m in state["fieldConfig"]["defaults"]["mappings"]}
+    assert {k: v["text"] for k, v in words["value"].items()} == {"0": "routed", "1": "breaker open",
+                                                                  "2": "breaker half open"}
+    assert (words["range"]["from"], words["range"]["to"], words["range"]["result"]["text"]) == (10, 12, "unhealthy")
     assert board["templating"]["list"][0]["type"] == "datasource"
     assert all(t["datasource"]["uid"] == "${datasource}" for p in board["panels"] for t in p["targets"])
 
 
 def test_every_expression_reads_only_metrics_the_engine_or_the_gateway_exports() -> None:
     exported = {*standin_metrics.SCHEDULER_GAUGES, *standin_metrics.TOKENIZER_COUNTERS,
-                *grafana_dashboard.GATEWAY_METRICS}
+                *grafana_dashboard.GATEWAY_METRICS, *grafana_dashboard.PROMETHEUS_METRICS}
     board = json.loads(grafana_dashboard.OUTPUT.read_text())
     used: set[str] = set()
     for panel in board["panels"]:

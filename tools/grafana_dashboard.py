@@ -2,9 +2,11 @@
 
 Per replica: output tokens/s, mean acceptance length, running and queued requests, errors (the engine's aborted
 requests and the gateway's failed requests to that worker), over the two jobs of the scrape configuration
-(dflash_infra/monitoring.py). Every expression uses only metrics that SGLang 0.5.23 (and so the lab's engine
-stand-in) or the gateway exports. Regenerate after a change: `.venv/bin/python tools/grafana_dashboard.py`;
-tests/test_monitoring.py fails when the committed JSON differs from what this builds.
+(dflash_infra/monitoring.py); then each replica's state in the gateway and the firing alerts of the rules
+(dflash_infra/alerts.py). Every expression uses only metrics that SGLang 0.5.23 (and so the lab's engine stand-in)
+or the gateway exports, and Prometheus' own ALERTS. Regenerate after a change:
+`.venv/bin/python tools/grafana_dashboard.py`; tests/test_monitoring.py fails when the committed JSON differs from what
+this builds.
 """
 
 from __future__ import annotations
@@ -14,9 +16,17 @@ import re
 import sys
 from pathlib import Path
 
-from grafana_foundation_sdk.builders import dashboard, prometheus, timeseries
+from grafana_foundation_sdk.builders import dashboard, prometheus, statetimeline, table, timeseries
 from grafana_foundation_sdk.cog.encoder import JSONEncoder
-from grafana_foundation_sdk.models.dashboard import DashboardCursorSync, DataSourceRef
+from grafana_foundation_sdk.models.dashboard import (
+    DashboardCursorSync,
+    DashboardRangeMapOptions,
+    DataSourceRef,
+    RangeMap,
+    ValueMap,
+    ValueMappingResult,
+)
+from grafana_foundation_sdk.models.prometheus import PromQueryFormat
 
 REPO = Path(__file__).resolve().parents[1]
 OUTPUT = REPO / "dashboards" / "dflash.json"
@@ -24,7 +34,10 @@ UID = "dflash-serving"
 DATASOURCE = DataSourceRef(type_val="prometheus", uid="${datasource}")
 # The gateway's metrics the dashboard reads: smg's names (docs/reference/metrics.md of lightseekorg/smg, the
 # gateway's source). `worker` is the worker's URL, as the gateway registered it.
-GATEWAY_METRICS = ("smg_http_responses_total", "smg_worker_cb_outcomes_total", "smg_worker_requests_active")
+GATEWAY_METRICS = ("smg_http_responses_total", "smg_worker_cb_outcomes_total", "smg_worker_requests_active",
+                   "smg_worker_health", "smg_worker_cb_state")
+# Prometheus' own series: the state of every alerting rule.
+PROMETHEUS_METRICS = ("ALERTS",)
 REPLICA = "{{dflash_host}} r{{replica}}"
 RATE = "$__rate_interval"
 # (title, unit, description, [(expr, legend)]) per panel, in the dashboard's order, two to a row.
@@ -49,6 +62,12 @@ PANELS: tuple[tuple[str, str, str, tuple[tuple[str, str], ...]], ...] = (
       (f'sum by (dflash_host) (rate(smg_http_responses_total{{status_code=~"5.."}}[{RATE}]))',
        "{{dflash_host}} endpoint 5xx"))),
 )
+# Each worker's state in the gateway as one number: smg_worker_cb_state (0 closed, 1 open, 2 half open), plus 10 when
+# smg_worker_health says unhealthy (0); mapped to words by the panel.
+WORKER_STATE = ("10 * (1 - max by (dflash_host, worker) (smg_worker_health)) "
+                "+ max by (dflash_host, worker) (smg_worker_cb_state)")
+WORKER_STATES = (("0", "routed", "green"), ("1", "breaker open", "red"), ("2", "breaker half open", "orange"))
+FIRING = 'sum by (alertname, severity, dflash_host, replica) (ALERTS{alertstate="firing"})'
 # What an expression holds beside metric names: PromQL's aggregations, functions and keywords used above.
 PROMQL_WORDS = frozenset({"sum", "avg", "max", "min", "rate", "by", "without"})
 
@@ -75,6 +94,24 @@ def build() -> dict[str, object]:
             panel = panel.with_target(prometheus.Dataquery().expr(expr).legend_format(legend).ref_id(ref)
                                       .datasource(DATASOURCE))
         board = board.with_panel(panel)
+    state = (statetimeline.Panel().title("Replicas in the gateway")
+             .description("Each worker as the gateway sees it (legend: its URL; replica i listens on the plan's "
+                          "worker_base_port + i): routed, its circuit breaker open or half open "
+                          "(smg_worker_cb_state), or unhealthy (smg_worker_health 0, no request routed).")
+             .datasource(DATASOURCE).height(8).span(12)
+             .mappings([ValueMap({value: ValueMappingResult(text=text, color=color, index=i)
+                                  for i, (value, text, color) in enumerate(WORKER_STATES)}),
+                        RangeMap(DashboardRangeMapOptions(from_val=10, to=12, result=ValueMappingResult(
+                            text="unhealthy", color="dark-red", index=len(WORKER_STATES))))])
+             .with_target(prometheus.Dataquery().expr(WORKER_STATE).legend_format("{{dflash_host}} {{worker}}")
+                          .ref_id("A").datasource(DATASOURCE)))
+    firing = (table.Panel().title("Firing alerts")
+              .description("The alert rules of playbooks/monitoring.yml firing now (ALERTS), one row per alert, host "
+                           "and replica; each alert's runbook step: docs/serving.md, \"Alerts\".")
+              .datasource(DATASOURCE).height(8).span(12).no_value("none firing")
+              .with_target(prometheus.Dataquery().expr(FIRING).instant().format(PromQueryFormat.TABLE)
+                           .ref_id("A").datasource(DATASOURCE)))
+    board = board.with_panel(state).with_panel(firing)
     built: dict[str, object] = json.loads(json.dumps(board.build(), cls=JSONEncoder))
     return built
 

@@ -33,9 +33,10 @@ def _owner(st: os.stat_result) -> tuple[str, str]:
 
 
 def read_file(path: str, content: bool = False, as_json: bool = False, children: bool = False, secret: bool = False,
-              expect: dict[str, str] | None = None) -> dict[str, Any]:
+              expect: dict[str, str] | None = None, mtime: bool = False) -> dict[str, Any]:
     """{path, exists, kind (file|dir|link), mode, owner, group, sha256, size[, target][, content | json]
-    [, children]} of one path; `children` lists a folder's entries one level deep (JSON files parsed). A secret
+    [, children][, mtime]} of one path (`mtime`, when asked: its modification time, seconds since the epoch, e.g.
+    the deploy lock's heartbeat); `children` lists a folder's entries one level deep (JSON files parsed). A secret
     file (or any file in a secret folder) has `matches` (its bytes are exactly `expect[path]`; None when nothing is
     expected of it) instead of sha256 and content."""
     out: dict[str, Any] = {"path": path, "exists": os.path.lexists(path)}
@@ -50,6 +51,8 @@ def read_file(path: str, content: bool = False, as_json: bool = False, children:
         return out
     user, group = _owner(st)
     out.update(mode=f"{st.st_mode & 0o7777:04o}", owner=user, group=group)
+    if mtime:
+        out["mtime"] = int(st.st_mtime)
     if os.path.isdir(path):
         out["kind"] = "dir"
         if children:
