@@ -105,6 +105,32 @@ def last_load(load: Any) -> LastLoad:
     return LastLoad(min(accept) if accept else None, min(rates) if rates else None)
 
 
+def status_loads(status_output: Any, host: str) -> dict[str, Any]:
+    """The last load gate's figures of `host`'s replicas, by replica index ("0" for a single engine), from what
+    `playbooks/status.yml -e status_format=json` printed (its whole output, or the document itself): what the rules
+    that compare with the last deploy read. Empty when the host is not in it or has no figures."""
+    from dflash_infra import status  # the view's own reader of its document
+
+    if isinstance(status_output, str):
+        try:
+            document: Any = status.extract(status_output)
+        except ValueError as exc:
+            raise ValueError(f"dflash_monitoring_status_file: expected the output of playbooks/status.yml -e "
+                             f"status_format=json, found no JSON document in it ({exc})") from exc
+    else:
+        document = status_output
+    report = document.get(host) if isinstance(document, Mapping) else None
+    if not isinstance(report, Mapping):
+        return {}
+    loads = (report.get("load") or {}).get("replicas") or {}
+    out: dict[str, Any] = {}
+    for replica in report.get("replicas") or []:
+        figures = (loads.get(replica.get("name")) or {}).get("figures")
+        if figures:
+            out[str(replica.get("index") if replica.get("index") is not None else 0)] = {"figures": list(figures)}
+    return out
+
+
 def _number(value: float) -> str:
     """A threshold as the rule prints it: at most three decimals, no trailing zeros."""
     return f"{value:.3f}".rstrip("0").rstrip(".")
@@ -144,17 +170,25 @@ def host_rules(entry: Mapping[str, Any], alerts: Mapping[str, Any]) -> dict[str,
                       "annotations": {"summary": f"{summary}; runbook: {anchor}", "description": description,
                                       "runbook_url": anchor}})
 
-    if replicas:
-        s = settings["DFlashEndpointDown"]
-        add("DFlashEndpointDown", f'up{{job="{GATEWAY_JOB}",{sel}}} == 0',
-            f"{HOST}: the gateway in front of all {len(replicas)} replicas does not answer Prometheus for {s['for']}",
-            f"The gateway's metrics port ({GATEWAY_JOB}) has not answered for {s['for']}: the endpoint is down or cut "
-            "off from Prometheus.", replica="all")
+    def replica_down() -> None:
         s = settings["DFlashReplicaDown"]
         add("DFlashReplicaDown", f"up{{{ENGINE_JOBS},{sel}}} == 0",
             f"{HOST} replica {REPLICA}: its engine does not answer Prometheus for {s['for']}",
             f"The engine of replica {REPLICA} (GPUs {{{{ $labels.gpus }}}}) has not answered /metrics for "
             f"{s['for']}: its unit stopped, restarts or hangs; the gateway sends its share to the others.")
+
+    remote = bool(((plan.get("gateway") or {}).get("settings") or {}).get("remote"))
+    if replicas and remote:
+        # Another host's gateway fronts these replicas: the endpoint and the gateway's view of them are that host's
+        # (its rule group); here only whether each engine answers.
+        replica_down()
+    elif replicas:
+        s = settings["DFlashEndpointDown"]
+        add("DFlashEndpointDown", f'up{{job="{GATEWAY_JOB}",{sel}}} == 0',
+            f"{HOST}: the gateway in front of all {len(replicas)} replicas does not answer Prometheus for {s['for']}",
+            f"The gateway's metrics port ({GATEWAY_JOB}) has not answered for {s['for']}: the endpoint is down or cut "
+            "off from Prometheus.", replica="all")
+        replica_down()
         s = settings["DFlashReplicaUnhealthyInGateway"]
         add("DFlashReplicaUnhealthyInGateway", _by_replica(f"smg_worker_health{{{sel}}}", replicas) + " == 0",
             f"{HOST} replica {REPLICA}: the gateway marks it unhealthy for {s['for']}",
@@ -181,7 +215,9 @@ def host_rules(entry: Mapping[str, Any], alerts: Mapping[str, Any]) -> dict[str,
             f"{HOST} replica {REPLICA}: the endpoint's engine does not answer Prometheus for {s['for']}",
             f"The single engine of {HOST} has not answered /metrics for {s['for']}: the endpoint is down or cut off "
             "from Prometheus.")
-    capacity = int(plan.get("max_running_requests") or 0)
+    # Each engine's capacity: a replica's own; a single process (--dp-size) runs one scheduler per DP rank, each with
+    # max_running_requests, and the rule sums their queues.
+    capacity = int(plan.get("max_running_requests") or 0) * (1 if replicas else int(plan.get("dp_size") or 1))
     s = settings["DFlashRequestsQueueing"]
     if capacity:
         queued = capacity * s["capacity_fraction"]
@@ -194,7 +230,7 @@ def host_rules(entry: Mapping[str, Any], alerts: Mapping[str, Any]) -> dict[str,
         s = settings["DFlashAcceptanceBelowFloor"]
         floor = _number(s["min_accept_length"])
         add("DFlashAcceptanceBelowFloor",
-            f"avg by (dflash_host, replica) (sglang:spec_accept_length{{{sel}}}) < {floor} and on (dflash_host, "
+            f"avg by (dflash_host, replica) (sglang:spec_accept_length{{{sel}}} > 0) < {floor} and on (dflash_host, "
             f"replica) sum by (dflash_host, replica) (rate(sglang:generation_tokens_total{{{sel}}}[{s['window']}]))"
             " > 0",
             f"{HOST} replica {REPLICA}: acceptance length {VALUE} below the load gate's floor {floor} for {s['for']}",
@@ -210,8 +246,8 @@ def host_rules(entry: Mapping[str, Any], alerts: Mapping[str, Any]) -> dict[str,
         if plan.get("speculative") and last.accept_length is not None:
             below, measured = _number(last.accept_length * s["fraction"]), _number(last.accept_length)
             add("DFlashAcceptanceBelowLastDeploy",
-                f"avg by (dflash_host, replica) (sglang:spec_accept_length{{{one}}}) < {below} and on (dflash_host, "
-                f"replica) sum by (dflash_host, replica) (rate(sglang:generation_tokens_total{{{one}}}"
+                f"avg by (dflash_host, replica) (sglang:spec_accept_length{{{one}}} > 0) < {below} and on "
+                f"(dflash_host, replica) sum by (dflash_host, replica) (rate(sglang:generation_tokens_total{{{one}}}"
                 f"[{s['window']}])) > 0",
                 f"{HOST} replica {REPLICA}: acceptance length {VALUE} below {s['fraction']:.0%} of the last deploy's "
                 f"{measured} for {s['for']}",

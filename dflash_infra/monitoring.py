@@ -47,9 +47,9 @@ def engine_targets(host: str, address: str, plan: Mapping[str, Any]) -> list[dic
 
 
 def gateway_targets(host: str, address: str, plan: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """The gateway's Prometheus port, when the plan serves through one."""
+    """The gateway's Prometheus port, when the plan serves through one of its own."""
     settings = (plan.get("gateway") or {}).get("settings") or {}
-    if not settings:
+    if not settings or settings.get("remote"):  # another host's gateway fronts these replicas: none runs here
         return []
     return [{"targets": [_target(address, settings["prometheus_port"])], "labels": {"dflash_host": host},
              "listen": str(settings["prometheus_host"])}]

@@ -313,8 +313,8 @@ def rollback_turns(state: Mapping[str, Any], all_slots: Sequence[Mapping[str, An
 
 
 def reconcile(state: Mapping[str, Any], workers: Sequence[str], plan: Mapping[str, Any],
-              all_slots: Sequence[Mapping[str, Any]], key_file: str,
-              notes: Sequence[Mapping[str, Any]] = ()) -> dict[str, Any]:
+              all_slots: Sequence[Mapping[str, Any]], key_file: str, notes: Sequence[Mapping[str, Any]] = (),
+              peers: Sequence[Mapping[str, Any]] = (), check: bool = False) -> dict[str, Any]:
     """What the gateway routes to against what the plan says it should (every run, on the gateway's host): a worker of
     the plan missing from the gateway (a replica drained by a run that died, or removed by hand) is added back; one
     the plan no longer has is removed. Decided from host_state's read of the gateway (`gateway`: its /workers).
@@ -323,7 +323,8 @@ def reconcile(state: Mapping[str, Any], workers: Sequence[str], plan: Mapping[st
     `rollout` of this host (its replicas; a replica of this host is added with its environment file's key, read on
     the host, another host's with the endpoint's, `key_file`). notes: the replicas' notes of this run's turns, on every
     host the gateway fronts (serve_replica.yml): one that rolled was taken out and put back by its turn, one retired
-    by the retirement, so neither is this step's.
+    by the retirement (this host's `plan`, or the `rollout` of a host it fronts, `peers`), so neither is this step's.
+    check: a --check run (the lines say what a run would do).
     Returns `read` (whether the gateway answered), `add` [{url, name, args (smg-ctl's)}], `remove` [url] and `lines`
     (what it does, for the run's output and --check)."""
     gw = state.get("gateway") or {}
@@ -337,7 +338,7 @@ def reconcile(state: Mapping[str, Any], workers: Sequence[str], plan: Mapping[st
     seen = {str(w.get("url") or "").rstrip("/") for w in gw.get("workers") or []}
     mine = {str(r["url"]).rstrip("/"): r for r in plan.get("replicas") or []}
     done = {str(n["url"]).rstrip("/") for n in notes if n.get("would") == "roll"}
-    done |= {str(r["url"]).rstrip("/") for r in plan.get("retire") or []}
+    done |= {str(r["url"]).rstrip("/") for p in [plan, *peers] for r in p.get("retire") or []}
     wanted_urls = [str(u).rstrip("/") for u in workers]
     add = []
     for url in wanted_urls:
@@ -350,7 +351,8 @@ def reconcile(state: Mapping[str, Any], workers: Sequence[str], plan: Mapping[st
                 else ["--key-file", key_file, "add", "--worker", url])
         add.append({"url": url, "name": str(replica["name"]) if replica else url, "args": args})
     remove = sorted(seen - set(wanted_urls) - done)
-    lines = [f"{a['name']} ({a['url']}) is a worker of the plan the gateway does not route to: added back once ready"
-             for a in add]
-    lines += [f"{url} is routed to but not a worker of the plan: removed" for url in remove]
+    added, removed = (("would be added back once ready (check mode)", "would be removed (check mode)") if check
+                      else ("added back once ready", "removed"))
+    lines = [f"{a['name']} ({a['url']}) is a worker of the plan the gateway does not route to: {added}" for a in add]
+    lines += [f"{url} is routed to but not a worker of the plan: {removed}" for url in remove]
     return {"read": True, "add": add, "remove": remove, "lines": lines}

@@ -329,13 +329,15 @@ def report(inputs: Mapping[str, Any]) -> Json:
     for r in replicas:
         if r["planned"]:
             drift += _replica_drift(r, str(gw.get("name") or "the gateway"))
+        elif plan is None:  # no plan to judge against: a deploy would refuse, not retire it
+            continue
         else:
             drift.append(f"{r['name']}: runs beyond the plan's {len(planned)} replica(s) (a deploy drains, stops and "
                          "disables it)")
 
     # Workers the gateway routes to that the plan does not have (judged where every host it fronts is in the run).
     extra_workers: list[str] = []
-    if here and routes["read"]:
+    if here and routes["read"] and plan is not None:
         if gw.get("peers_missing"):
             notes.append("workers of " + ", ".join(gw["peers_missing"]) + " not judged: not in this run")
         else:
@@ -395,7 +397,8 @@ def _gateway(state: Mapping[str, Any], gw: Mapping[str, Any], routes: Mapping[st
                          f"{str(record.get('unit_sha256'))[:16]}, found {str(sha)[:16] if sha else 'no unit'})")
         wanted = [str(u).rstrip("/") for u in gw.get("workers") or []]
         had = [str(u).rstrip("/") for u in record.get("workers") or []]
-        if wanted and sorted(wanted) != sorted(had):
+        # Judged only where every host it fronts is in the run (the others' workers are not planned here).
+        if wanted and not gw.get("peers_missing") and sorted(wanted) != sorted(had):
             plus, minus = sorted(set(wanted) - set(had)), sorted(set(had) - set(wanted))
             drift.append(f"{name}: its unit names the workers of another plan (the plan adds {plus or 'none'}, "
                          f"removes {minus or 'none'}; a deploy restarts it)")

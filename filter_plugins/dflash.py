@@ -44,6 +44,7 @@ class FilterModule:
             "dflash_monitoring_scrape_config": monitoring.scrape_config,
             "dflash_monitoring_unreachable": monitoring.unreachable,
             "dflash_monitoring_alert_rules": alerts.rules,
+            "dflash_monitoring_status_loads": alerts.status_loads,
             "dflash_alertmanager_config": alerts.alertmanager_config,
             "dflash_alertmanager_webhook_problems": alerts.webhook_problems,
             "dflash_plan_gpus": plan_inputs.plan_gpus,

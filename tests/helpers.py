@@ -76,6 +76,18 @@ def debian_alertmanager() -> Path:
     return debian_unpacked("prometheus-alertmanager", ALERTMANAGER_CACHE, "usr/bin/amtool")
 
 
+def debian_alertmanager_argv(*args: str) -> list[str]:
+    """The command line of Debian's Alertmanager as unpacked by debian_alertmanager: Debian's build reads its default
+    notification template from /usr/share/prometheus/alertmanager, which an unpacked package does not put there, so
+    it runs in a mount namespace of its own (unshare -m) where the package's /usr/share lies over this machine's (a
+    read-only overlay, gone with the process; nothing is installed or changed here)."""
+    root = debian_alertmanager()
+    binary = root / "usr" / "bin" / "prometheus-alertmanager"
+    overlay = f"mount -t overlay overlay -o lowerdir={root / 'usr' / 'share'}:/usr/share /usr/share"
+    return ["unshare", "-m", "--propagation", "private", "sh", "-c", f'{overlay} && exec "$0" "$@"', str(binary),
+            *args]
+
+
 def debian_unpacked(package: str, cache: Path, probe: str) -> Path:
     """A Debian package fetched once with `apt-get download` and unpacked into `cache`/root (done when `probe` is
     there), never installed; returns that root. Unpacked beside and renamed into place under a lock, so the tiers

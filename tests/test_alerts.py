@@ -154,8 +154,9 @@ def test_the_thresholds_come_from_the_plan_and_group_vars() -> None:
     assert ct200["DFlashRequestsQueueing"][0]["expr"] == (
         'sum by (dflash_host, replica) (sglang:num_queue_reqs{dflash_host="ct200"}) > 31')
     assert ct200["DFlashAcceptanceBelowFloor"][0]["expr"] == (
-        'avg by (dflash_host, replica) (sglang:spec_accept_length{dflash_host="ct200"}) < 1.5 and on (dflash_host, '
-        'replica) sum by (dflash_host, replica) (rate(sglang:generation_tokens_total{dflash_host="ct200"}[5m])) > 0')
+        'avg by (dflash_host, replica) (sglang:spec_accept_length{dflash_host="ct200"} > 0) < 1.5 and on '
+        '(dflash_host, replica) sum by (dflash_host, replica) '
+        '(rate(sglang:generation_tokens_total{dflash_host="ct200"}[5m])) > 0')
     assert ct200["DFlashGatewayErrorRatioHigh"][0]["expr"].endswith(") > 0.05")
     # smg labels by the worker's URL; the plan's replica index replaces it, anchored, its dots escaped.
     health = ct200["DFlashReplicaUnhealthyInGateway"][0]["expr"]
@@ -266,6 +267,33 @@ def test_the_playbook_writes_the_alertmanager_configuration_and_never_prints_the
     bad = play(tmp_path, "-e", json.dumps({"vault_dflash_alertmanager_webhook_url": "hooks.internal/T0KEN"}))
     assert bad.returncode != 0 and "expected an http:// or https:// URL with a host" in bad.stdout
     assert "T0KEN" not in bad.stdout + bad.stderr
+
+
+def status_output(figures: list[dict[str, Any]]) -> str:
+    """What `playbooks/status.yml -e status_format=json` prints for ct200 (its report cut to what the feed reads),
+    framed by Ansible's output as a team saves it."""
+    from dflash_infra import status
+
+    report = {"replicas": [{"index": i, "name": f"sglang-qwen-r{i}.service"} for i in range(2)],
+              "load": {"replicas": {"sglang-qwen-r0.service": {"at": "2026-12-06T10:00:00Z", "age_s": 60,
+                                                               "figures": figures}}, "gateway": None}}
+    framing = "TASK [Print every host's status as one JSON document]\nok: [ct200] =>\n"
+    return f"{framing}{status.document({'ct200': report})}\n"
+
+
+def test_the_last_load_comes_from_what_the_status_view_printed(tmp_path: Path) -> None:
+    figures = LOAD["0"]["load"]["figures"]
+    assert alerts.status_loads(status_output(figures), "ct200") == {"0": {"figures": figures}}
+    assert alerts.status_loads(status_output(figures), "ct129") == {}
+    with pytest.raises(ValueError, match=r"dflash_monitoring_status_file: expected the output of playbooks/status.yml"):
+        alerts.status_loads("PLAY RECAP", "ct200")
+    (tmp_path / "status.out").write_text(status_output(figures))
+    run = play(tmp_path, "-e", json.dumps({"dflash_monitoring_status_file": str(tmp_path / "status.out")}))
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    written = by_name(yaml.safe_load((tmp_path / "dflash-alerts.yml").read_text()))
+    (accept,) = written["dflash-ct200"]["DFlashAcceptanceBelowLastDeploy"]
+    assert accept["labels"]["replica"] == "0" and "< 2.1 and on" in accept["expr"], accept
+    assert "DFlashAcceptanceBelowLastDeploy" not in written["dflash-ct129"]
 
 
 # promtool: the rules as Prometheus reads them, fed synthetic series (one minute apart) for each alert.
@@ -407,6 +435,9 @@ def cases() -> list[tuple[str, dict[str, Any]]]:
         "ct200 replica 3: acceptance length 1 below the load gate's floor 1.5 for 10m")])))
     out.append(("the same gauge on an idle replica", case(name, "15m", collapsed + idle, [])))
     out.append(("healthy acceptance 4", case(name, "15m", collapsed[:3] + flowing, [])))
+    unset = [series("sglang:spec_accept_length", scheduler(i), "0x60") for i in range(4)]
+    out.append(("a gauge of 0 (no verify step since the engine started) while requests flow",
+                case(name, "15m", unset + flowing, [])))
 
     name = "DFlashAcceptanceBelowLastDeploy"
     drifted = [series("sglang:spec_accept_length", scheduler(i), "1.8x60") for i in range(2)]
@@ -417,6 +448,8 @@ def cases() -> list[tuple[str, dict[str, Any]]]:
     out.append(("replica 0 accepts 3.0", case(name, "40m", [series("sglang:spec_accept_length", scheduler(0), "3x60"),
                                                              *flowing], [])))
     out.append(("1.8 while idle", case(name, "40m", drifted + idle, [])))
+    out.append(("0 (no verify step yet) while requests flow", case(
+        name, "40m", [series("sglang:spec_accept_length", scheduler(i), "0x60") for i in range(2)] + flowing, [])))
 
     name = "DFlashDecodeThroughputLow"
     slow = [series("sglang:gen_throughput", scheduler(0), "300x30"), series("sglang:num_running_reqs", scheduler(0),
@@ -481,3 +514,28 @@ def test_amtool_accepts_the_alertmanager_configuration_and_routes_every_alert_to
                                 "--verify.receivers=dflash-team", f"alertname={name}", "dflash_host=ct200",
                                 "replica=0", "severity=warning"], capture_output=True, text=True, check=False)
         assert route.returncode == 0 and route.stdout.strip() == "dflash-team", (name, route.stdout, route.stderr)
+
+
+def test_a_host_another_gateway_fronts_gets_only_its_engines_rules_and_no_gateway_target() -> None:
+    """ct201's replicas behind ct200's gateway: no gateway runs on ct201, so neither a gateway target nor an endpoint
+    rule there (it would fire forever and hold back ct201's other alerts); whether each engine answers stays."""
+    from dflash_infra import monitoring
+
+    remote = planned(gateway={"remote": True, "worker_host": "0.0.0.0", "worker_address": "ct201.internal"})
+    assert remote["gateway"]["settings"]["remote"] is True and remote["replicas"]
+    group = by_name(alerts.rules([{"host": "ct201", "address": "ct201.internal", "plan": remote}], settings()))
+    names = set(group["dflash-ct201"])
+    assert "DFlashReplicaDown" in names and not names & {"DFlashEndpointDown", "DFlashReplicaUnhealthyInGateway",
+                                                          "DFlashCircuitBreakerOpen", "DFlashGatewayErrorRatioHigh"}
+    assert monitoring.gateway_targets("ct201", "ct201.internal", remote) == []
+    assert monitoring.gateway_targets("ct200", "ct200.internal", planned(gateway={}))
+
+
+def test_a_single_process_queues_against_every_dp_ranks_capacity() -> None:
+    """One --dp-size process runs a scheduler per DP rank, each with max_running_requests; the rule sums their
+    queues, so its threshold is the ranks' capacity together (31 x 4 on pro6000)."""
+    single = planned()
+    assert single["dp_size"] == 4 and single["max_running_requests"] == 31
+    (rule,) = by_name(alerts.rules([{"host": "ct200", "address": "ct200.internal", "plan": single}],
+                                   settings()))["dflash-ct200"]["DFlashRequestsQueueing"]
+    assert rule["expr"].endswith("> 124"), rule["expr"]

@@ -367,6 +367,10 @@ def test_a_replica_left_out_of_the_gateway_by_a_dead_run_goes_back_with_its_own_
                            "args": ["add", "--worker", urls[1], "--env-file", f"{ENV}/sglang-qwen-r1.env"]}]
     assert out["lines"] == [f"sglang-qwen-r1.service ({urls[1]}) is a worker of the plan the gateway does not route "
                             "to: added back once ready"]
+    checked = rollout.reconcile(state, [*urls, PEER], plan, SLOTS, KEY_FILE, check=True)
+    assert checked["add"] == out["add"] and checked["lines"] == [
+        f"sglang-qwen-r1.service ({urls[1]}) is a worker of the plan the gateway does not route to: would be added "
+        "back once ready (check mode)"]
 
 
 def test_another_hosts_replica_goes_back_with_the_endpoints_key_and_a_worker_beyond_the_plan_is_removed() -> None:
@@ -390,6 +394,11 @@ def test_a_complete_gateway_and_the_replicas_this_run_rolled_or_retires_are_left
     plan = rollout.rollout(state, wanted(3), LEGACY, SLOTS, [w["url"] for w in wanted(8)])
     notes = [{"url": urls[1], "would": "roll"}, {"url": urls[0], "would": ""}]
     assert rollout.reconcile(state, urls[:3], plan, SLOTS, KEY_FILE, notes)["lines"] == []
+    # A replica of a host it fronts, retired by that host's own rollout in this run: that retirement's.
+    peer_retired = {**complete, "gateway": gateway_read([*urls, PEER])}
+    peer_plan = {"replicas": [], "retire": [{"url": PEER}]}
+    assert rollout.reconcile(peer_retired, urls, rollout.rollout(complete, wanted(4), LEGACY, SLOTS), SLOTS, KEY_FILE,
+                             peers=[peer_plan])["remove"] == []
 
 
 def test_a_gateway_not_read_is_left_to_its_own_start_and_said_so() -> None:

@@ -296,6 +296,27 @@ def test_a_host_fronted_by_a_gateway_not_in_the_run_is_not_judged_on_its_routes(
     assert rep["notes"] == ["routes not read: the gateway's host is not in this run"]
 
 
+def test_a_plan_the_planner_refused_judges_no_replica_or_worker_against_it() -> None:
+    """With no plan (a GPU missing, say) a deploy would refuse, not retire every replica or remove every worker."""
+    rep = status.report(inputs(host(), plan=None, plan_error="expected 8 GPUs, found 7"))
+    judged = [d for d in rep["drift"] if "beyond the plan" in d or "a worker the plan does not have" in d]
+    assert judged == [], rep["drift"]
+    assert "the inventory's plan could not be made: expected 8 GPUs, found 7" in rep["notes"]
+
+
+def test_a_gateway_fronting_a_host_not_in_the_run_is_not_judged_on_its_workers() -> None:
+    """status.yml -l ct200 with ct201 behind ct200's gateway: its recorded workers include ct201's, which this run did
+    not plan; neither the record's workers nor the routes are drift."""
+    state = host()
+    recorded = state["files"][STATE]["children"]["smg-gateway.json"]["json"]
+    recorded["workers"] = [*recorded["workers"], "https://ct201.internal:30001"]
+    state["gateway"]["workers"].append({"url": "https://ct201.internal:30001", "id": "p0", "status": "ready",
+                                        "healthy": True})
+    rep = status.report(inputs(state, gateway={**inputs(state)["gateway"], "peers_missing": ["ct201"]}))
+    assert rep["drift"] == [], rep["drift"]
+    assert rep["notes"] == ["workers of ct201 not judged: not in this run"]
+
+
 def test_the_deploy_lock_names_its_holder_and_the_age_of_its_heartbeat() -> None:
     state = host()
     holder = {"owner": "root", "controller": "ctl1", "pid": 4242, "started_at": "2026-12-06T09:40:00Z",

@@ -7,18 +7,28 @@ drift and the view says so again. Its JSON document is read back as a consumer w
 
 from __future__ import annotations
 
+import http.server
 import json
 import re
+import socket
 import subprocess
 import sys
+import threading
+import time
+import urllib.parse
+import urllib.request
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
+import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from dflash_infra import status
-from helpers import ROOT, ansible_environment, tool
+from helpers import ROOT, ansible_environment, debian_alertmanager_argv, debian_prometheus, tool
+
+sys.path.insert(0, str(ROOT / "tools"))
+from load import Load
 
 if TYPE_CHECKING:
     from tests.lab.conftest import LabHandle
@@ -146,3 +156,148 @@ def test_after_a_drift_the_view_names_each_and_the_next_deploy_repairs_them(serv
     report, _ = view(served)
     assert report["drifted"] is False and report["drift"] == [], report["drift"]
     assert {r["routed"] for r in report["replicas"]} == {True}
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+class Webhook(http.server.ThreadingHTTPServer):
+    """The team's webhook receiver, on loopback: every notification Alertmanager posts, kept."""
+
+    def __init__(self) -> None:
+        self.received: list[dict[str, Any]] = []
+        outer = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                outer.received.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
+                self.send_response(200)
+                self.end_headers()
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        super().__init__(("127.0.0.1", 0), Handler)
+
+    def firing(self) -> set[tuple[str, str]]:
+        """(alertname, replica) of every alert a notification said was firing."""
+        return {(a["labels"]["alertname"], a["labels"].get("replica", "")) for n in self.received
+                for a in n["alerts"] if a["status"] == "firing"}
+
+
+def lab_monitoring(folder: Path, alertmanager: int) -> dict[str, Any]:
+    """group_vars' dflash_monitoring with the lab's evaluation times shortened by variables (not by editing the
+    rules): 1 s scrapes, `for` of a few seconds, Alertmanager grouping at once; the files written into `folder`."""
+    settings = yaml.safe_load((ROOT / "group_vars" / "all" / "monitoring.yml").read_text())["dflash_monitoring"]
+    for alert in settings["alerts"].values():
+        if isinstance(alert, dict):
+            alert["for"] = "5s"
+            if "window" in alert:
+                alert["window"] = "15s"
+    settings["alertmanager"].update(group_wait="1s", group_interval="2s", repeat_interval="1h",
+                                    config=str(folder / "alertmanager.yml"))
+    return {**settings, "address": "{{ ansible_host }}", "scrape_interval": "1s",
+            "scrape_config": str(folder / "dflash.yml"), "rules_file": str(folder / "dflash-alerts.yml")}
+
+
+def prometheus_alerts(base: str) -> list[dict[str, Any]]:
+    with urllib.request.urlopen(f"{base}/api/v1/alerts", timeout=5) as r:
+        return list(json.load(r)["data"]["alerts"])
+
+
+def test_alerts_reach_the_teams_webhook_when_a_replica_dies_or_its_acceptance_collapses(
+        served: LabHandle, tmp_path: Path) -> None:
+    """Debian's Prometheus and Alertmanager on 127.0.0.1 with what playbooks/monitoring.yml writes for the lab (rules,
+    and the Alertmanager configuration with a webhook receiver on loopback), under load through the gateway: a
+    healthy endpoint raises nothing; replica 3 stopped raises DFlashReplicaDown for it, and replica 2's acceptance
+    collapsing (its stand-in restarted with SGLANG_STANDIN_ACCEPT_COLLAPSE by a runtime drop-in) raises
+    DFlashAcceptanceBelowFloor for it, each at the webhook within a bounded time. Both are put back after."""
+    ct200 = served.addresses["ct200"]
+    am_port, prom_port, hook = free_port(), free_port(), Webhook()
+    threading.Thread(target=hook.serve_forever, daemon=True).start()
+    webhook_url = f"http://127.0.0.1:{hook.server_address[1]}/hook"
+    made = play(served, "playbooks/monitoring.yml", "-e", json.dumps({
+        "dflash_monitoring": lab_monitoring(tmp_path, am_port), "vault_dflash_alertmanager_webhook_url": webhook_url}))
+    assert made.returncode == 0, made.stdout[-3000:]
+    assert webhook_url not in made.stdout  # a secret of the vault
+    config = yaml.safe_load((tmp_path / "dflash.yml").read_text())
+    config["global"] = {**config.get("global", {}), "evaluation_interval": "1s"}
+    config["rule_files"] = [str(tmp_path / "dflash-alerts.yml")]
+    config["alerting"] = {"alertmanagers": [{"static_configs": [{"targets": [f"127.0.0.1:{am_port}"]}]}]}
+    (tmp_path / "prometheus.yml").write_text(yaml.safe_dump(config))
+    logs = (tmp_path / "alertmanager.log").open("w"), (tmp_path / "prometheus.log").open("w")
+    servers = [
+        subprocess.Popen(debian_alertmanager_argv(
+            f"--config.file={tmp_path / 'alertmanager.yml'}", f"--storage.path={tmp_path / 'am'}",
+            f"--web.listen-address=127.0.0.1:{am_port}", "--cluster.listen-address=", "--log.level=warn"),
+            stdout=logs[0], stderr=subprocess.STDOUT),
+        subprocess.Popen([str(debian_prometheus() / "usr" / "bin" / "prometheus"),
+                          f"--config.file={tmp_path / 'prometheus.yml'}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+                          f"--web.listen-address=127.0.0.1:{prom_port}", "--log.level=warn"],
+                         stdout=logs[1], stderr=subprocess.STDOUT)]
+    base = f"http://127.0.0.1:{prom_port}"
+    dropin = "/run/systemd/system/sglang-qwen-r2.service.d"
+    load = Load(f"http://{ct200}:30000", tmp_path / "load", users=16)
+
+    def wait_for(alert: tuple[str, str], what: str, timeout_s: float = 120) -> float:
+        began = time.monotonic()
+        while alert not in hook.firing():
+            seen = [(a["labels"].get("alertname"), a["labels"].get("replica"), a["state"])
+                    for a in prometheus_alerts(base)]
+            assert time.monotonic() - began < timeout_s, (
+                f"{what}: {alert} did not reach the webhook in {timeout_s:.0f} s; Prometheus: {seen}; received "
+                f"{sorted(hook.firing())}; {(tmp_path / 'prometheus.log').read_text()[-1500:]}")
+            time.sleep(0.5)
+        return time.monotonic() - began
+
+    try:
+        # Healthy, under load: every target up and the rules evaluated for longer than their `for`, and nothing fires.
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                with urllib.request.urlopen(f"{base}/api/v1/query?query=" + urllib.parse.quote("count(up == 1)"),
+                                            timeout=5) as r:
+                    result = json.load(r)["data"]["result"]
+                if result and float(result[0]["value"][1]) == 5:
+                    break
+            except OSError:
+                pass
+            time.sleep(0.5)
+        else:
+            pytest.fail((tmp_path / "prometheus.log").read_text()[-2000:])
+        load.wait_requests(200)
+        time.sleep(20)  # longer than every shortened `for` and window: a rule that would fire on health has fired
+        assert prometheus_alerts(base) == [] and hook.received == [], (prometheus_alerts(base), hook.received)
+
+        assert served.ssh("ct200", "systemctl", "stop", REPLICAS[3]).returncode == 0
+        took = wait_for(("DFlashReplicaDown", "3"), "replica 3 stopped")
+        print(f"\nreplica 3 stopped: DFlashReplicaDown at the webhook after {took:.1f} s")
+        assert served.ssh("ct200", "systemctl", "start", REPLICAS[3]).returncode == 0
+
+        (tmp_path / "collapse.conf").write_text("[Service]\nEnvironment=SGLANG_STANDIN_ACCEPT_COLLAPSE=1\n")
+        assert served.ssh("ct200", "mkdir", "-p", dropin).returncode == 0
+        served.put("ct200", tmp_path / "collapse.conf", f"{dropin}/collapse.conf")
+        assert served.ssh("ct200", "systemctl", "daemon-reload").returncode == 0
+        assert served.ssh("ct200", "systemctl", "restart", REPLICAS[2]).returncode == 0
+        took = wait_for(("DFlashAcceptanceBelowFloor", "2"), "replica 2's acceptance collapsed")
+        print(f"replica 2's acceptance collapsed: DFlashAcceptanceBelowFloor at the webhook after {took:.1f} s")
+        summary = next(a["annotations"]["summary"] for n in hook.received for a in n["alerts"]
+                       if a["labels"]["alertname"] == "DFlashAcceptanceBelowFloor")
+        assert summary.startswith("ct200 replica 2: acceptance length 1") and "runbook: docs/serving.md#" in summary, \
+            summary
+        assert ("DFlashAcceptanceBelowFloor", "0") not in hook.firing()  # the healthy replicas raise nothing
+    finally:
+        load.stop()
+        served.ssh("ct200", "rm", "-rf", dropin)
+        served.ssh("ct200", "systemctl", "daemon-reload")
+        served.ssh("ct200", "systemctl", "restart", REPLICAS[2])
+        served.ssh("ct200", "systemctl", "start", REPLICAS[3])
+        for server in servers:
+            server.terminate()
+            server.wait(timeout=30)
+        hook.shutdown()
+    again = play(served, "deploy_dflash.yml")
+    assert again.returncode == 0, again.stdout[-5000:]
