@@ -27,6 +27,10 @@ MARKER_BEGIN = "--- dflash status json begin ---"
 MARKER_END = "--- dflash status json end ---"
 
 
+# How a unit file stands against the deploy's rendering, in the table's words.
+UNIT_WORDS = {"matches": "unit as planned", "differs": "unit DIFFERS from the plan", "missing": "no unit",
+              "not rendered": "unit not compared"}
+
 def parse_time(stamp: Any) -> dt.datetime | None:
     """An ISO 8601 time of a record ('...Z' or with an offset; naive means UTC); None when absent or unreadable."""
     if not stamp:
@@ -298,9 +302,10 @@ def report(inputs: Mapping[str, Any]) -> Json:
     replica slot), slot_urls (where the gateway reaches each slot), slot_health (where the host reaches each slot's
     /health), rendered (unit name -> sha256 of the unit the deploy would write), engine {name, version, lock
     (locks.venv_status)}, models (the host's verified copies: plan_inputs.manifests), gateway {host, here, name, paths,
-    version, lock, record, load_record, health_url, peer_workers (the planned workers of the other hosts it fronts,
-    in this run), peers_missing (those not in this run), routes (host_state's `gateway` section of the gateway's host;
-    None when that host is not in the run)}, lock {path, stale_after_s}.
+    version, lock, record, load_record, health_url, rendered (sha256 of the unit the deploy would write), peer_workers
+    (the planned workers of the other hosts it fronts, in this run), peers_missing (those not in this run), routes
+    (host_state's `gateway` section of the gateway's host; None when that host is not in the run)}, lock {path,
+    stale_after_s}.
     """
     state = inputs.get("state") or {}
     now = str(inputs.get("now") or "")
@@ -389,6 +394,13 @@ def _gateway(state: Mapping[str, Any], gw: Mapping[str, Any], routes: Mapping[st
         drift.append(f"{name}: expected {health['url']} to answer 200, found "
                      f"{health['status'] or health['error'] or 'no answer'}")
     sha = host_state.file_sha256(state, str(paths.get("unit")))
+    rendered = str(gw.get("rendered") or "")
+    # Against the unit the inventory's plan renders (judged where every host it fronts is in the run: their workers
+    # are in its command line).
+    unit_file = ("not rendered" if not rendered or gw.get("peers_missing") else
+                 "matches" if sha == rendered else "differs")
+    if unit_file == "differs":
+        drift.append(f"{name}: its unit differs from what the inventory's plan renders (a deploy restarts it)")
     if not record:
         drift.append(f"{name}: expected its deployment record {gw.get('record')}, found none (a deploy writes it)")
     else:
@@ -409,7 +421,7 @@ def _gateway(state: Mapping[str, Any], gw: Mapping[str, Any], routes: Mapping[st
                          f"{record.get('endpoint')}")
     if paths.get("api_key") and not host_state.secret_matches(state, str(paths["api_key"]), "0600", "root", "root"):
         drift.append(f"{name}: its key file {paths['api_key']} does not hold the inventory's endpoint key")
-    return {"name": name, "version": gw.get("version"), "lock": venv, **unit, "health": health,
+    return {"name": name, "version": gw.get("version"), "lock": venv, **unit, "health": health, "unit_file": unit_file,
             "deployed_at": record.get("deployed_at"), "endpoint": record.get("endpoint"),
             "recorded_smg": record.get("smg"), "routes_read": routes["read"],
             "routes": [{"url": u, "status": w.get("status"), "healthy": w.get("healthy")}
@@ -506,8 +518,7 @@ def _replica_text(r: Mapping[str, Any]) -> str:
              f"{'healthy' if (r['route'] or {}).get('healthy') else 'UNHEALTHY'})"
              if r["routed"] else ", NOT routed by the gateway")
     health = r["health"]["status"] or r["health"]["error"] or "no answer"
-    unit = {"matches": "unit as planned", "differs": "unit DIFFERS from the plan", "missing": "no unit",
-            "not rendered": "unit not compared"}[r["unit_file"]]
+    unit = UNIT_WORDS[r["unit_file"]]
     return (f"{head} {r['ActiveState']}/{r['UnitFileState'] or '?'}{route}, /health {health}, {unit}"
             + (f", deployed {r['deployed_at']}" if r["deployed_at"] else "")
             + ("" if r["planned"] else ", beyond the plan"))
@@ -526,6 +537,7 @@ def lines(rep: Mapping[str, Any], groups: Sequence[str] = ()) -> list[str]:
         out.append(f"gateway: {_venv_text('smg ' + str(gw['version']), gw['lock'])}; {gw['name']} "
                    f"{gw['ActiveState']}/{gw['UnitFileState'] or '?'}, /health "
                    f"{gw['health']['status'] or gw['health']['error'] or 'no answer'}, "
+                   f"{UNIT_WORDS[gw['unit_file']]}, "
                    f"deployed {gw['deployed_at'] or 'never'}, "
                    + (f"routes to {len(gw['routes'])} worker(s)" if gw["routes_read"] else "routes not read"))
     plan = rep["plan"]

@@ -130,6 +130,7 @@ def inputs(state: dict[str, Any], plan: dict[str, Any] | None = PLAN, **changes:
                     "lock": locks.venv_status(state, "/opt/smg/venv", GATEWAY_LOCK.read_text(), "smg", "ct200",
                                               GATEWAY_LOCK.name),
                     "record": f"{STATE}/smg-gateway.json", "load_record": f"{STATE}/smg-gateway.load.json",
+                    "rendered": GATEWAY_UNIT_SHA,
                     "health_url": "http://127.0.0.1:30000/health", "routes": state.get("gateway"),
                     "peer_workers": [], "peers_missing": []},
         "lock": {"path": LOCK_PATH, "stale_after_s": 900},
@@ -159,8 +160,8 @@ def test_the_table_names_each_concern_on_its_own_line() -> None:
     assert out[1] == (f"engine: sglang 0.5.23 at /opt/sglang/venv, in sync with {ENGINE_LOCK.name} (sha256 "
                       f"{locks.sha256(ENGINE_LOCK.read_text())[:16]})")
     assert out[2].startswith(f"gateway: smg 1.13.0 at /opt/smg/venv, in sync with {GATEWAY_LOCK.name}")
-    assert out[2].endswith("smg-gateway.service active/enabled, /health 200, deployed 2026-12-06T08:00:00+00:00, "
-                           "routes to 4 worker(s)")
+    assert out[2].endswith("smg-gateway.service active/enabled, /health 200, unit as planned, deployed "
+                           "2026-12-06T08:00:00+00:00, routes to 4 worker(s)")
     assert out[3] == ("plan in force: tp 2 x 4 replica(s) through the gateway, DFLASH block 16, draft tokens 16, "
                       "sglang 0.5.23")
     assert out[4] == "inventory's plan: the same"
@@ -296,6 +297,18 @@ def test_a_host_fronted_by_a_gateway_not_in_the_run_is_not_judged_on_its_routes(
     assert rep["notes"] == ["routes not read: the gateway's host is not in this run"]
 
 
+def test_a_gateway_unit_other_than_the_plan_renders_is_drift_unless_a_fronted_host_is_missing() -> None:
+    """A changed gateway setting (a routing policy, say) changes the unit the plan renders, not the workers: the unit
+    on the host against that rendering names it; with a host it fronts out of the run, its workers are not known."""
+    changed = {**inputs(host())["gateway"], "rendered": "9f" * 32}
+    rep = status.report(inputs(host(), gateway=changed))
+    assert rep["gateway"]["unit_file"] == "differs"
+    assert "smg-gateway.service: its unit differs from what the inventory's plan renders (a deploy restarts it)" \
+        in rep["drift"]
+    rep = status.report(inputs(host(), gateway={**changed, "peers_missing": ["ct201"]}))
+    assert rep["gateway"]["unit_file"] == "not rendered" and rep["drift"] == [], rep["drift"]
+
+
 def test_a_plan_the_planner_refused_judges_no_replica_or_worker_against_it() -> None:
     """With no plan (a GPU missing, say) a deploy would refuse, not retire every replica or remove every worker."""
     rep = status.report(inputs(host(), plan=None, plan_error="expected 8 GPUs, found 7"))
@@ -396,7 +409,8 @@ PLAYBOOK = ROOT / "playbooks" / "status.yml"
 # Modules and actions that run on the controller only (the host_state role's read is the one round trip).
 CONTROLLER_ONLY = {"ansible.builtin.assert", "ansible.builtin.set_fact", "ansible.builtin.debug", "dflash_plan",
                    "dflash_role_arguments"}
-ROLE_ENTRIES = {("host_state", "main"), ("serving_plan", "main"), ("sglang_service", "rendered")}
+ROLE_ENTRIES = {("host_state", "main"), ("serving_plan", "main"), ("sglang_service", "rendered"),
+                ("smg_gateway", "rendered")}
 TASK_KEYS = {"name", "vars", "when", "run_once", "tags", "register", "no_log", "changed_when", "check_mode",
              "block", "rescue", "always"}
 

@@ -309,7 +309,7 @@ def main(argv: list[str] | None = None) -> int:
         results = {warm_src: measure(args.repeat, warm_src) for warm_src in (True, False)}
         # No-op re-sync.
         noop = run_playbook()
-        scans = module_results(noop, "Compute the manifests at the source (cached by size and mtime)")
+        scans = module_results(noop, "Compute the manifests at the source in one call (cached by size and mtime)")
         plans = module_results(noop, "Compare the destination with the manifests and check the free space")
         # Resume after a kill at ~50%.
         clear_dest()

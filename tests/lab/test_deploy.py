@@ -162,11 +162,11 @@ DRIFTS = {
     # load gate through the gateway (compared with the first deploy's figures there).
     "a byte of a replica's unit": (
         f"sed -i 's/^RestartSec=10$/RestartSec=11/' /etc/systemd/system/{R0} && systemctl daemon-reload",
-        [f"Take the replica out of the gateway (its requests finish first), {R0}",
+        [f"Take the replica out of the gateway (requests finish), {R0}",
          "Back up the unit and environment file that are about to be replaced",
          f"Write the unit, validated with systemd-analyze verify, {R0}",
          "Restart the engine now when the unit or its inputs changed",
-         "Snapshot the unit and environment file that passed the gates, point last-good at it, write the record",
+         "Snapshot the gated unit and environment file as last-good and write the record",
          f"Put the replica back into the gateway, {R0}",
          # A replica restarted: the endpoint is proven through the gateway after the rollout, its figures recorded.
          "Record the figures through the gateway (the next deploy compares with them)"]),
@@ -491,7 +491,7 @@ def test_an_api_key_and_a_new_plan_roll_through_a_power_off_and_the_keys_stay_ou
     interrupted = stdout(runner)
     # The gateway took the key before r0 left it: after the power-off it boots on its keyed unit.
     assert interrupted.index("Give the running gateway the endpoint's new API key first") < interrupted.index(
-        "Take the replica out of the gateway (its requests finish first), sglang-qwen-r0.service"), interrupted[-3000:]
+        "Take the replica out of the gateway (requests finish), sglang-qwen-r0.service"), interrupted[-3000:]
     fresh_lab.cli_ok("start", "ct200")
     # The power-off is orderly (systemd stops the engine first): when the failed gate's rescue still reached the host,
     # r0 went back to its last good unit; otherwise it boots on its new one. The next run starts once the boot has
@@ -567,3 +567,48 @@ def test_an_api_key_and_a_new_plan_roll_through_a_power_off_and_the_keys_stay_ou
         assert GATEWAY_KEY not in text and control not in text, f"a key is in the {where}"
 
 
+
+
+def test_a_key_rotated_in_a_run_whose_gate_fails_holds_on_every_replica_and_the_gateway(
+        fresh_lab: LabHandle, tmp_path: Path) -> None:
+    """The endpoint's key rotated (GATEWAY_KEY -> ROTATED) in a run whose load gate through the gateway fails (the
+    previous figures through it written ten times faster): the gateway takes the new key first, every replica takes
+    it in its turn, the failed gate puts each restarted replica back on its last good unit, and the key of this run
+    stays in force, said by the play: the old key is refused (401) through the gateway and on every replica, the new
+    one served. A revoked key never comes back with a rollback."""
+    rotated = "lab-rotated-key-not-a-secret-51c9e0a4"
+    extravars = {"dflash_service_api_key": rotated, "dflash_plan_overrides": {"mem_fraction_static": 0.75}}
+    gateway_load = "/var/lib/dflash-infra/smg-gateway.load.json"
+    recorded = fresh_lab.ssh("ct200", "cat", gateway_load).stdout
+    first = json.loads(recorded)["load"]
+    faster = {"recorded_at": "2026-12-01T00:00:00Z", "load": {**first, "figures": [
+        {**row, "output_tokens_per_s": row["output_tokens_per_s"] * 10} for row in first["figures"]]}}
+    (tmp_path / "faster.json").write_text(json.dumps(faster))
+    (tmp_path / "recorded.json").write_text(recorded)
+    fresh_lab.put("ct200", tmp_path / "faster.json", gateway_load)
+    try:
+        failed = deploy(tmp_path, extravars=extravars)
+    finally:
+        fresh_lab.put("ct200", tmp_path / "recorded.json", gateway_load)
+    out = " ".join(stdout(failed).split())
+    assert failed.rc != 0, out[-3000:]
+    assert "ct200: the endpoint failed the load gate through smg-gateway.service (figures: " in out, out[-5000:]
+    assert "the API key of this run stays in force" in out, out[-5000:]
+    assert rotated not in stdout(failed) and GATEWAY_KEY not in stdout(failed)
+    body = json.dumps({"model": "Qwen3.6-27B", "messages": [{"role": "user", "content": "hi"}],
+                       "max_tokens": 8}).encode()
+
+    def status_of(base: str, key: str) -> int:
+        request = urllib.request.Request(base + "/v1/chat/completions", data=body,
+                                         headers={"Content-Type": "application/json", "Authorization": f"Bearer {key}"})
+        try:
+            with urllib.request.urlopen(request, timeout=10) as response:
+                return int(response.status)
+        except urllib.error.HTTPError as exc:
+            return int(exc.code)
+
+    address = fresh_lab.addresses["ct200"]
+    for base in [f"http://{address}:30000"] + [f"http://{address}:{30001 + i}" for i in range(len(REPLICAS))]:
+        assert (status_of(base, rotated), status_of(base, GATEWAY_KEY)) == (200, 401), base
+    healed = deploy(tmp_path, extravars=extravars)
+    assert healed.rc == 0, stdout(healed)[-5000:]

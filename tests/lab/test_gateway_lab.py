@@ -190,8 +190,10 @@ def test_prometheus_scrapes_the_gateway_and_every_replica_and_reads_their_accept
     replica's acceptance length read back through the query API is the one its /metrics shows (the benchmark above
     left one on every replica; nothing runs on the endpoint meanwhile)."""
     config = tmp_path / "dflash.yml"
-    made = play("playbooks/monitoring.yml", extra={"dflash_monitoring": {
-        "address": "{{ ansible_host }}", "scrape_interval": "1s", "scrape_config": str(config)}})
+    settings = yaml.safe_load((ROOT / "group_vars" / "all" / "monitoring.yml").read_text())["dflash_monitoring"]
+    made = play("playbooks/monitoring.yml", extra={"dflash_monitoring": {  # -e replaces the whole mapping
+        **settings, "address": "{{ ansible_host }}", "scrape_interval": "1s", "scrape_config": str(config),
+        "rules_file": str(tmp_path / "dflash-alerts.yml")}})
     assert made.returncode == 0, made.stdout[-3000:]
     address = routed.addresses["ct200"]
     scrape = yaml.safe_load(config.read_text())
@@ -855,7 +857,7 @@ def test_a_second_host_serves_the_same_endpoint_behind_ct200s_gateway_and_rolls_
         assert "smg-gateway.service (also fronting ct201), 4 replica(s)" in out, out[-3000:]
         out = " ".join(back.stdout.split())
         assert back.returncode == 0, out[-5000:]
-        assert re.search(r"TASK \[Take the replica out of the gateway \(its requests finish first\), "
+        assert re.search(r"TASK \[Take the replica out of the gateway \(requests finish\), "
                          r"sglang-qwen-r0\.service\] \*+ changed: \[ct201 -> ct200", out), out[-5000:]
         assert routed.ssh("ct201", "systemctl", "cat", "sglang-qwen-r0.service").stdout == before
         out = " ".join(slower.stdout.split())
@@ -865,7 +867,7 @@ def test_a_second_host_serves_the_same_endpoint_behind_ct200s_gateway_and_rolls_
                          out), out[-5000:]
         assert ("No replica of ct200 was rolled back. The replicas of ct201 that this run restarted go back next, "
                 "each host one replica at a time.") in out, out[-5000:]
-        assert re.search(r"TASK \[Take the replica out of the gateway \(its requests finish first\), "
+        assert re.search(r"TASK \[Take the replica out of the gateway \(requests finish\), "
                          r"sglang-qwen-r0\.service\] \*+ changed: \[ct201 -> ct200", out), out[-5000:]
         assert ("ct201: the endpoint failed the load gate through smg-gateway.service on ct200 (its figures are in its "
                 "failure). Rolled back to their previous deployment, one at a time with the endpoint up: "

@@ -213,8 +213,9 @@ def test_alerts_reach_the_teams_webhook_when_a_replica_dies_or_its_acceptance_co
     """Debian's Prometheus and Alertmanager on 127.0.0.1 with what playbooks/monitoring.yml writes for the lab (rules,
     and the Alertmanager configuration with a webhook receiver on loopback), under load through the gateway: a
     healthy endpoint raises nothing; replica 3 stopped raises DFlashReplicaDown for it, and replica 2's acceptance
-    collapsing (its stand-in restarted with SGLANG_STANDIN_ACCEPT_COLLAPSE by a runtime drop-in) raises
-    DFlashAcceptanceBelowFloor for it, each at the webhook within a bounded time. Both are put back after."""
+    collapsing (its stand-in restarted with SGLANG_STANDIN_ACCEPT_COLLAPSE by a runtime drop-in, requests sent to it
+    side by side) raises DFlashAcceptanceBelowFloor for it, each at the webhook within a bounded time. Both are put
+    back after."""
     ct200 = served.addresses["ct200"]
     am_port, prom_port, hook = free_port(), free_port(), Webhook()
     threading.Thread(target=hook.serve_forever, daemon=True).start()
@@ -241,6 +242,7 @@ def test_alerts_reach_the_teams_webhook_when_a_replica_dies_or_its_acceptance_co
     base = f"http://127.0.0.1:{prom_port}"
     dropin = "/run/systemd/system/sglang-qwen-r2.service.d"
     load = Load(f"http://{ct200}:30000", tmp_path / "load", users=16)
+    loads = [load]
 
     def wait_for(alert: tuple[str, str], what: str, timeout_s: float = 120) -> float:
         began = time.monotonic()
@@ -282,6 +284,9 @@ def test_alerts_reach_the_teams_webhook_when_a_replica_dies_or_its_acceptance_co
         served.put("ct200", tmp_path / "collapse.conf", f"{dropin}/collapse.conf")
         assert served.ssh("ct200", "systemctl", "daemon-reload").returncode == 0
         assert served.ssh("ct200", "systemctl", "restart", REPLICAS[2]).returncode == 0
+        # Requests side by side on replica 2 itself (the gateway's cache-aware routing may send the load's few
+        # prompts elsewhere): the stand-in's collapse needs two or more running at once.
+        loads.append(Load(f"http://{ct200}:30003", tmp_path / "direct", users=4))
         took = wait_for(("DFlashAcceptanceBelowFloor", "2"), "replica 2's acceptance collapsed")
         print(f"replica 2's acceptance collapsed: DFlashAcceptanceBelowFloor at the webhook after {took:.1f} s")
         summary = next(a["annotations"]["summary"] for n in hook.received for a in n["alerts"]
@@ -290,7 +295,8 @@ def test_alerts_reach_the_teams_webhook_when_a_replica_dies_or_its_acceptance_co
             summary
         assert ("DFlashAcceptanceBelowFloor", "0") not in hook.firing()  # the healthy replicas raise nothing
     finally:
-        load.stop()
+        for each in loads:
+            each.stop()
         served.ssh("ct200", "rm", "-rf", dropin)
         served.ssh("ct200", "systemctl", "daemon-reload")
         served.ssh("ct200", "systemctl", "restart", REPLICAS[2])
