@@ -1,5 +1,5 @@
-"""Ansible filters of the host_state and deploy_summary roles; thin adapters over dflash_infra.host_state and
-dflash_infra.summary."""
+"""Ansible filters of the host_state and deploy_summary roles and of playbooks/status.yml; thin adapters over
+dflash_infra.host_state, dflash_infra.summary and dflash_infra.status."""
 
 from __future__ import annotations
 
@@ -9,11 +9,11 @@ from pathlib import Path
 from typing import Any
 
 try:
-    from dflash_infra import host_state, summary
+    from dflash_infra import host_state, status, summary
     from dflash_infra.ansible_filters import as_filters
 except ImportError:  # running from a checkout whose package is not installed in this Python
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from dflash_infra import host_state, summary
+    from dflash_infra import host_state, status, summary
     from dflash_infra.ansible_filters import as_filters
 
 
@@ -28,7 +28,7 @@ def dflash_summary(inputs: dict[str, Any], host: str, groups: list[str], check_m
 
 
 class FilterModule:
-    """dflash_host_state* filters."""
+    """dflash_host_state* and dflash_status* filters."""
 
     def filters(self) -> dict[str, Any]:
         return as_filters({
@@ -43,4 +43,8 @@ class FilterModule:
             "dflash_summary_load_lines": summary.load_lines,
             "dflash_role_file_sha256": dflash_role_file_sha256,
             "dflash_state_path": host_state.path_entry,
+            "dflash_status": status.report,
+            "dflash_status_candidates": status.candidates,
+            "dflash_status_lines": status.lines,
+            "dflash_status_document": status.document,
         })

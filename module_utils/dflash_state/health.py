@@ -32,14 +32,19 @@ def loopback_tls(url: str) -> ssl.SSLContext | None:
     return context
 
 
-def get(url: str, timeout: float = 3.0) -> dict[str, Any]:
-    """{url, status (HTTP code, or None when nothing answered), error, elapsed_s}."""
-    start = time.monotonic()
-    handlers: list[Any] = [urllib.request.ProxyHandler({})]  # the host's own endpoints, never a proxy
+def local_opener(url: str) -> urllib.request.OpenerDirector:
+    """An opener for the host's own endpoints: never through a proxy, HTTPS on loopback as loopback_tls says."""
+    handlers: list[Any] = [urllib.request.ProxyHandler({})]
     context = loopback_tls(url)
     if context is not None:
         handlers.append(urllib.request.HTTPSHandler(context=context))
-    opener = urllib.request.build_opener(*handlers)
+    return urllib.request.build_opener(*handlers)
+
+
+def get(url: str, timeout: float = 3.0) -> dict[str, Any]:
+    """{url, status (HTTP code, or None when nothing answered), error, elapsed_s}."""
+    start = time.monotonic()
+    opener = local_opener(url)
     try:
         with opener.open(url, timeout=timeout) as response:
             status: int | None = response.status
@@ -66,12 +71,8 @@ def gateway_workers(url: str, key_file: str, timeout: float = 3.0) -> dict[str, 
     request = urllib.request.Request(url.rstrip("/") + "/workers")
     if key:
         request.add_header("Authorization", f"Bearer {key}")
-    handlers: list[Any] = [urllib.request.ProxyHandler({})]
-    context = loopback_tls(url)
-    if context is not None:
-        handlers.append(urllib.request.HTTPSHandler(context=context))
     try:
-        with urllib.request.build_opener(*handlers).open(request, timeout=timeout) as response:
+        with local_opener(url).open(request, timeout=timeout) as response:
             out["status"] = response.status
             body = json.loads(response.read() or b"{}")
     except urllib.error.HTTPError as exc:
