@@ -142,9 +142,9 @@ def path_entry(state: Mapping[str, Any], path: str) -> Json:
 
 
 def model_entries(models: Mapping[str, Mapping[str, Any]], state_dir: str) -> list[Json]:
-    """dflash_host_state's models option for a catalogue: each folder with model_sync's verified-state file."""
-    return [{"key": key, "name": m["name"], "path": m["path"], "state_file": f"{state_dir}/{m['name']}.manifest.json"}
-            for key, m in models.items()]
+    """dflash_host_state's models option for a catalogue: each model's configured path with model_sync's state
+    folder (its versions and their verified states)."""
+    return [{"key": key, "name": m["name"], "path": m["path"], "state_dir": state_dir} for key, m in models.items()]
 
 
 def gpu_holders(state: Mapping[str, Any], gpu_ids: Sequence[int], allowed_pids: Sequence[int] = ()) -> list[Json]:

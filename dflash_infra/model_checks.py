@@ -102,19 +102,20 @@ def synced_models(described: list[Mapping[str, Any]], models: Mapping[str, Mappi
     out: dict[str, Any] = {}
     problems: list[str] = []
     specs = {}
-    for key, model in models.items():
-        d = by_path.get(str(model["path"]), {})
+    for i, (key, model) in enumerate(models.items()):
+        # The configured path, or (with versions) the version folder read in its place, in the catalogue's order.
+        d = by_path.get(str(model["path"])) or (dict(described[i]) if i < len(described) else {})
         if not d.get("present"):
-            problems.append(f"{model['name']}: no config.json at {model['path']} after the sync")
+            problems.append(f"{model['name']}: no config.json at {d.get('path') or model['path']} after the sync")
             continue
-        entry = {"name": model["name"], "path": model["path"], "config": d["config"],
+        entry = {"name": model["name"], "path": d.get("path") or model["path"], "config": d["config"],
                  "weights_bytes": int(d.get("index_total_size") or d.get("weights_file_bytes") or 0) or None,
                  "manifest_sha256": (manifests.get(model["name"]) or {}).get("manifest_sha256")}
         out[key] = entry
         try:
             specs[key] = model_spec(d["config"], name=model["name"])
         except ModelConfigError as exc:
-            problems.append(f"{model['name']}: the synced config.json at {model['path']} is not usable: {exc}")
+            problems.append(f"{model['name']}: the synced config.json at {entry['path']} is not usable: {exc}")
     if "target" in specs and "draft" in specs and speculative.get("algorithm", "dflash") != "none":
         problems += dflash_problems(specs["target"], specs["draft"], speculative)
     summary = ", ".join(f"{m['name']} {human_bytes(m['weights_bytes'] or 0)}" for m in out.values())
@@ -134,6 +135,7 @@ def plan_models(models: Mapping[str, Mapping[str, Any]], synced: Mapping[str, Ma
         if got.get("name") == name and got.get("config"):
             section["config"] = got["config"]
             weights = got.get("weights_bytes")
+            section["path"] = got.get("folder") or section.get("path")  # the version folder the engine loads
         elif "config" not in section and "config_path" not in section and name in catalogue.known_models():
             section["config"] = catalogue.config(name)
             weights = catalogue.weights_bytes(name)

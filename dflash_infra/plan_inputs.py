@@ -70,7 +70,8 @@ def synced_from_state(state: Mapping[str, Any] | None) -> dict[str, Json]:
             continue
         weights = int(described.get("index_total_size") or described.get("weights_file_bytes") or 0) or None
         out[key] = {"name": model.get("name"), "config": described.get("config"), "weights_bytes": weights,
-                    "manifest_sha256": (model.get("stamp") or {}).get("state_digest")}
+                    "manifest_sha256": (model.get("stamp") or {}).get("state_digest"),
+                    "folder": model.get("folder") or model.get("path")}
     return out
 
 
@@ -89,5 +90,6 @@ def manifests(models: Mapping[str, Mapping[str, Any]], state: Mapping[str, Any] 
     """What the deployment record says of each model: its path and the verified manifest's sha256 (None
     when the folder is not a verified copy)."""
     synced = synced_from_state(state)
-    return {key: {"path": model.get("path"), "manifest_sha256": (synced.get(key) or {}).get("manifest_sha256")}
+    return {key: {"path": (synced.get(key) or {}).get("folder") or model.get("path"),
+                  "manifest_sha256": (synced.get(key) or {}).get("manifest_sha256")}
             for key, model in models.items()}

@@ -303,7 +303,7 @@ def rollback_turns(state: Mapping[str, Any], all_slots: Sequence[Mapping[str, An
         turns.append({"index": index, "name": slot["name"],
                       "url": slot_urls[index] if index < len(slot_urls) else "",
                       "from": record.get("deployed_at") or "?", "to": previous.get("deployed_at") or "?",
-                      "to_unit": previous["unit_backup"]})
+                      "to_unit": previous["unit_backup"], "to_models": previous.get("models") or {}})
     if not turns and not problems:
         problems.append("no replica has a previous deployment to go back to (deployment.json's `previous` with a "
                         "unit snapshot): nothing to roll back")
@@ -356,3 +356,19 @@ def reconcile(state: Mapping[str, Any], workers: Sequence[str], plan: Mapping[st
     lines = [f"{a['name']} ({a['url']}) is a worker of the plan the gateway does not route to: {added}" for a in add]
     lines += [f"{url} is routed to but not a worker of the plan: {removed}" for url in remove]
     return {"read": True, "add": add, "remove": remove, "lines": lines}
+
+
+def rollback_models(recorded: Sequence[Mapping[str, Any]], models: Mapping[str, Mapping[str, Any]]
+                    ) -> list[dict[str, Any]]:
+    """The model versions a rollback serves again, for dflash_model_sync's check_versions and promote: from the
+    records' `models` (role -> {path: the version folder, manifest_sha256}), each with the catalogue's name and
+    configured path; one entry per model (the first record's)."""
+    out: dict[str, dict[str, Any]] = {}
+    for record_models in recorded:
+        for role, m in (record_models or {}).items():
+            model = models.get(role) or {}
+            if not isinstance(m, Mapping) or not model or role in out:
+                continue
+            out[role] = {"name": model["name"], "path": model["path"], "folder": str(m.get("path") or ""),
+                         "manifest_sha256": m.get("manifest_sha256")}
+    return list(out.values())

@@ -76,6 +76,7 @@ class FilterModule:
             "dflash_rollout_turns": rollout.turns,
             "dflash_rollout_converged_notes": rollout.converged_notes,
             "dflash_rollback_turns": rollout.rollback_turns,
+            "dflash_rollback_models": rollout.rollback_models,
             "dflash_present_units": rollout.present_units,
             "dflash_load_figures": loadgate.run_figures,
             "dflash_load_endpoint_concurrency": loadgate.endpoint_concurrency,

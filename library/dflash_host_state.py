@@ -70,7 +70,10 @@ options:
       - How to find the training job (unit, match, pidfile, protect_match, protect_units, env_keep); empty for none.
     type: dict
   models:
-    description: Model folders, as {key, path, state_file}; each is described and compared with its verified state.
+    description:
+      - Model folders, as {key, name, path, state_dir} (or {key, path, state_file} for a folder of its own); each is
+        described and compared with its verified state. With state_dir, the folder is the model's last synced
+        version (module_utils/dflash_sync/versions.py), else its configured path (the layout before versions).
     type: list
     elements: dict
   ports:
@@ -122,11 +125,13 @@ if TYPE_CHECKING:
     from dflash_state import files, health, nvidia, python_env, sockets, system, systemd, userspace
     from dflash_sync.describe import describe, stamp
     from dflash_sync.errors import SyncError
+    from dflash_sync.versions import ModelHome, serving
     from dflash_training.selection import find
 else:
     from ansible.module_utils.dflash_state import files, health, nvidia, python_env, sockets, system, systemd, userspace
     from ansible.module_utils.dflash_sync.describe import describe, stamp
     from ansible.module_utils.dflash_sync.errors import SyncError
+    from ansible.module_utils.dflash_sync.versions import ModelHome, serving
     from ansible.module_utils.dflash_training.selection import find
 
 SECTIONS = ["nvidia", "userspace", "files", "accounts", "units", "venvs", "training", "models", "ports", "system",
@@ -190,14 +195,23 @@ def training_job(options: dict[str, Any] | None) -> dict[str, Any]:
 
 def model_folder(entry: dict[str, Any]) -> dict[str, Any]:
     """A model folder's config and index, and how it stands against its verified state (sizes and mtimes only)."""
-    root = Path(entry["path"])
     out: dict[str, Any] = {"name": entry.get("name"), "path": entry["path"]}
+    state_file = entry.get("state_file")
+    folder = entry["path"]
+    if entry.get("state_dir") and entry.get("name"):
+        try:
+            version = serving(ModelHome(str(entry["name"]), Path(entry["path"]), Path(entry["state_dir"])))
+        except (OSError, SyncError) as exc:
+            version = {"folder": entry["path"], "state_file": "", "error": str(exc)}
+        folder, state_file = version["folder"], version["state_file"]
+        out.update(folder=folder, version=version.get("version"), current=version.get("current"),
+                   versions=version.get("versions") or {}, versions_error=version.get("error"))
     try:
-        out["describe"] = describe(root)
+        out["describe"] = describe(Path(folder))
     except (OSError, ValueError, SyncError) as exc:
-        out["describe"] = {"path": entry["path"], "present": False, "error": str(exc)}
-    out["stamp"] = stamp(root, Path(entry["state_file"])) if entry.get("state_file") else {"state_present": False}
-    out["modes"] = files.tree_modes(entry["path"])
+        out["describe"] = {"path": folder, "present": False, "error": str(exc)}
+    out["stamp"] = stamp(Path(folder), Path(state_file)) if state_file else {"state_present": False}
+    out["modes"] = files.tree_modes(folder)
     return out
 
 

@@ -16,13 +16,19 @@ description:
     removes files the source does not have and records the verified state. A folder that already matches its
     verified state is a no-op that reads no model byte and writes nothing. Under check mode it reports the plan
     (what would be copied, adopted, removed, and free-space problems) and changes nothing.
-  - C(action=describe) reads the config.json and index of model folders (small files only).
+  - With I(versions), each copy is a version folder named by its manifest (module_utils/dflash_sync/versions.py):
+    unchanged files are hard-linked from the kept versions, the old layout is migrated by one rename, and the
+    version becomes the one the next plan serves. C(action=promote) makes a model's last synced version (or
+    I(version)) the one in use (its configured path, a link, switched atomically) and keeps the newest I(keep).
+    C(action=check_versions) says whether the recorded version folders can be served again (read-only).
+  - C(action=describe) reads the config.json and index of model folders (small files only): I(paths), or each
+    of I(models)' last synced version.
 options:
   action:
     description: What to do.
     type: str
     required: true
-    choices: [scan, sync, describe]
+    choices: [scan, sync, describe, promote, check_versions]
   root:
     description: (scan) The model folder to list (or C(folders) for several in one call).
     type: path
@@ -115,6 +121,26 @@ options:
   heartbeat:
     description: (sync) The deploy lock, touched as a transfer progresses (the run's heartbeat during a long copy).
     type: path
+  versions:
+    description: (sync) Keep each copy in a version folder named by its manifest, the configured I(dest) a link.
+    type: bool
+    default: false
+  keep:
+    description: (sync, promote) Versions that passed a deploy kept per model (1 removes the others before a copy).
+    type: int
+    default: 2
+  models:
+    description:
+      - (promote) {name, path, and optionally version or folder (a record's version folder); else the last synced
+        one} per model.
+      - (check_versions) {name, path, folder, manifest_sha256} per model, as a deployment record names them.
+      - (describe) {name, path} per model: its last synced version is read.
+    type: list
+    elements: dict
+  prune:
+    description: (promote) Remove the versions beyond I(keep) (false for a rollback).
+    type: bool
+    default: true
   paths:
     description: (describe) Model folders to read.
     type: list
@@ -189,8 +215,13 @@ hashed_bytes:
   returned: sync, not under check mode
   type: int
 models:
-  description: (describe) Per folder its path, present, config, index_total_size and weights_file_bytes.
-  returned: describe
+  description: (describe) Per folder its path, present, config, index_total_size and weights_file_bytes;
+    (promote) per model its version, switched {from, to}, pruned and foreign folders.
+  returned: describe, promote
+  type: list
+problems:
+  description: (check_versions) Why a recorded version cannot be served again, one sentence each.
+  returned: check_versions
   type: list
 io_read_bytes:
   description: Bytes the module's process read through read() (/proc/self/io rchar), the proof of what a run read.
@@ -211,6 +242,7 @@ if TYPE_CHECKING:
     from dflash_sync.messages import plan_summary, sync_summary
     from dflash_sync.rsync import Remote
     from dflash_sync.sync import ModelPaths, SyncOptions, diff, preview, sync
+    from dflash_sync.versions import ModelHome, label_of, promote, serving, version_problem
 else:
     from ansible.module_utils.dflash_sync.commit import Ownership
     from ansible.module_utils.dflash_sync.describe import describe
@@ -219,6 +251,7 @@ else:
     from ansible.module_utils.dflash_sync.messages import plan_summary, sync_summary
     from ansible.module_utils.dflash_sync.rsync import Remote
     from ansible.module_utils.dflash_sync.sync import ModelPaths, SyncOptions, diff, preview, sync
+    from ansible.module_utils.dflash_sync.versions import ModelHome, label_of, promote, serving, version_problem
 
 SOURCE_OPTIONS: dict[str, Any] = {
     "address": {"type": "str", "required": True}, "path": {"type": "str", "required": True},
@@ -226,7 +259,7 @@ SOURCE_OPTIONS: dict[str, Any] = {
     "ssh_key": {"type": "path"}, "known_hosts": {"type": "path"}, "ciphers": {"type": "str"}}
 
 ARGUMENT_SPEC: dict[str, Any] = {
-    "action": {"type": "str", "required": True, "choices": ["scan", "sync", "describe"]},
+    "action": {"type": "str", "required": True, "choices": ["scan", "sync", "describe", "promote", "check_versions"]},
     "root": {"type": "path"}, "cache": {"type": "path"}, "folders": {"type": "list", "elements": "dict"},
     "write_cache": {"type": "bool", "default": True},
     "name": {"type": "str"}, "manifest": {"type": "dict"}, "dest": {"type": "path"},
@@ -242,10 +275,15 @@ ARGUMENT_SPEC: dict[str, Any] = {
     "model_root": {"type": "path"},
     "strict": {"type": "bool", "default": False},
     "heartbeat": {"type": "path"},
+    "versions": {"type": "bool", "default": False},
+    "keep": {"type": "int", "default": 2},
+    "models": {"type": "list", "elements": "dict"},
+    "prune": {"type": "bool", "default": True},
     "paths": {"type": "list", "elements": "path"},
 }
 REQUIRED_IF = [("action", "scan", ["root", "folders"], True), ("action", "sync", ["name", "manifest", "dest"]),
-               ("action", "describe", ["paths"])]
+               ("action", "describe", ["paths", "models"], True), ("action", "promote", ["models"]),
+               ("action", "check_versions", ["models"])]
 
 
 def io_read_bytes() -> int:
@@ -287,11 +325,13 @@ def sync_options(p: dict[str, Any]) -> SyncOptions:
     remote = None if src is None else Remote(src["user"], src["address"], src["path"], src["ssh_key"] or "",
                                              src["known_hosts"] or "", src["ciphers"] or "", src["port"])
     manifest = Manifest.from_dict(p["manifest"], "manifest (pass the result of action=scan at the source)")
-    paths = ModelPaths.of(p["name"], Path(p["dest"]), Path(p["state_dir"]), Path(p["log_dir"]))
+    home = ModelHome(p["name"], Path(p["dest"]), Path(p["state_dir"])) if p["versions"] else None
+    paths = (ModelPaths.of_version(home, label_of(manifest.digest()), Path(p["log_dir"])) if home
+             else ModelPaths.of(p["name"], Path(p["dest"]), Path(p["state_dir"]), Path(p["log_dir"])))
     return SyncOptions(p["name"], manifest, paths, remote, p["verify"] == "full", p["reserve_bytes"],
                        p["bwlimit_kbps"], p["delete_extra"], ownership(p),
                        root=Path(p["model_root"]) if p["model_root"] else None, strict=bool(p["strict"]),
-                       heartbeat=Path(p["heartbeat"]) if p["heartbeat"] else None)
+                       heartbeat=Path(p["heartbeat"]) if p["heartbeat"] else None, home=home, keep=p["keep"])
 
 
 def scan_one(root: str, cache: str | None, write_cache: bool, check_mode: bool) -> dict[str, Any]:
@@ -314,6 +354,33 @@ def run_scan(p: dict[str, Any], check_mode: bool) -> dict[str, Any]:
         return {"manifests": {f["name"]: scan_one(f["root"], f.get("cache"), write, check_mode) for f in p["folders"]},
                 "changed": False}
     return {**scan_one(p["root"], p["cache"], write, check_mode), "changed": False}
+
+
+def homes(p: dict[str, Any]) -> list[tuple[dict[str, Any], ModelHome]]:
+    """Each entry of `models` with its ModelHome; a ValueError names an entry without a name or a path."""
+    bad = [i for i, m in enumerate(p["models"]) if not m.get("name") or not m.get("path")]
+    if bad:
+        raise ValueError(f"expected every entry of models to have a name and a path, found entries {bad} without them")
+    return [(m, ModelHome(str(m["name"]), Path(str(m["path"])), Path(p["state_dir"]))) for m in p["models"]]
+
+
+def run_promote(p: dict[str, Any], check_mode: bool) -> dict[str, Any]:
+    """action=promote: each model's version in use switched (its configured path), older versions pruned."""
+    done = []
+    for m, home in homes(p):
+        folder = Path(str(m["folder"])) if m.get("folder") else None
+        if folder is not None and folder.parent != home.versions_dir:
+            continue  # a record from before versions (or the source host's own copy): no version to switch to
+        label = folder.name if folder is not None else (m.get("version") or None)
+        done.append(promote(home, label, p["keep"], p["prune"], check_mode))
+    return {"models": done, "changed": any(d["changed"] for d in done)}
+
+
+def run_check_versions(p: dict[str, Any]) -> dict[str, Any]:
+    """action=check_versions: why the recorded versions cannot be served again ([] when they can); read-only."""
+    problems = [version_problem(home, str(m.get("folder") or m["path"]), m.get("manifest_sha256"))
+                for m, home in homes(p)]
+    return {"problems": [x for x in problems if x], "changed": False}
 
 
 def run_sync(module: AnsibleModule, p: dict[str, Any]) -> dict[str, Any]:
@@ -343,8 +410,13 @@ def main() -> None:
             result = run_scan(p, module.check_mode)
         elif p["action"] == "sync":
             result = run_sync(module, p)
+        elif p["action"] == "promote":
+            result = run_promote(p, module.check_mode)
+        elif p["action"] == "check_versions":
+            result = run_check_versions(p)
         else:
-            result = {"models": [describe(Path(path)) for path in p["paths"]], "changed": False}
+            folders = p["paths"] or [serving(home)["folder"] for _m, home in homes(p)]
+            result = {"models": [describe(Path(path)) for path in folders], "changed": False}
     except (SyncError, OSError, ValueError) as exc:
         module.fail_json(msg=f"dflash_model_sync {p['action']}: {exc}")
     module.exit_json(**result, io_read_bytes=io_read_bytes())

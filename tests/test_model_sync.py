@@ -445,7 +445,7 @@ def test_the_module_syncs_a_present_copy_says_what_it_would_do_first_and_is_idem
     done = run_module("dflash_model_sync", args, diff=True)
     assert done["changed"] and done["removed"] == [] and len(done["adopted"]) == 4 and (dest / "stale.bin").exists()
     assert "config.json" in done["permissions"] and done["manifest_sha256"] == manifest["manifest_sha256"]
-    assert done["summary"].startswith("M: 0 files moved into place, 0 removed, 0 repaired;")
+    assert done["summary"].startswith("M: 0 files moved into place (0 B written), 0 removed, 0 repaired;")
     assert json.loads((tmp_path / "state" / "M.manifest.json").read_text())["manifest_sha256"] == \
         manifest["manifest_sha256"]
     # Again: nothing to do, no byte read to decide, under --check and for real.

@@ -94,11 +94,12 @@ def test_a_mistyped_value_is_refused_before_any_host_is_contacted_naming_role_an
     assert set(shown["checked"]) == {"host_state:main", "preflight:main", "nvidia_userspace:plan", "serving_plan:main",
                                      "preflight:serving", "model_sync:check", "training_stop:main",
                                      "sglang_engine:main", "sglang_service:main", "smg_gateway:main",
-                                     "deploy_summary:main"}
+                                     "model_sync:promote", "deploy_summary:main"}
     assert all(count > 0 for count in shown["checked"].values()), shown
     deferred = {option for options in shown["deferred"].values() for option in options}
+    # The engine's read-only paths are the model versions the host holds (host_state), so they wait for it too.
     assert deferred and all(o.endswith(("_state", "_plan", "_lock_status", "_required_argv", "_models",
-                                        "_venv_problems")) for o in deferred), deferred
+                                        "_venv_problems", "_read_only_paths")) for o in deferred), deferred
 
 
 def test_validate_leaves_out_only_what_is_absent_and_checks_the_rest() -> None:

@@ -307,7 +307,10 @@ def _record_state(records: dict[str, Any], snapshots: tuple[str, ...] = ()) -> d
 def test_an_on_demand_rollback_takes_the_replicas_whose_record_names_a_previous_deployment() -> None:
     all_slots = rollout.slots("sglang-qwen.service", "/etc/dflash", "/var/lib/dflash-infra", "/usr/local/libexec")
     urls = [f"http://127.0.0.1:{30001 + i}" for i in range(len(all_slots))]
-    previous = {"deployed_at": "2026-12-01T10:00:00", "unit_backup": "/var/lib/x/units/20261201-deployed"}
+    versions = "/root/models/.dflash-versions"
+    previous = {"deployed_at": "2026-12-01T10:00:00", "unit_backup": "/var/lib/x/units/20261201-deployed",
+                "models": {"target": {"path": f"{versions}/T/00aa", "manifest_sha256": "00aa" * 16},
+                           "draft": {"path": f"{versions}/D/11bb", "manifest_sha256": "11bb" * 16}}}
     state = _record_state({
         all_slots[0]["record"]: {"deployed_at": "2026-12-02T09:00:00", "previous": previous},
         all_slots[1]["record"]: {"deployed_at": "2026-12-02T09:01:00", "previous": None},  # a first deployment
@@ -317,7 +320,12 @@ def test_an_on_demand_rollback_takes_the_replicas_whose_record_names_a_previous_
     assert every["problems"] == [] and [t["index"] for t in every["turns"]] == [0, 3]
     assert every["turns"][1] == {"index": 3, "name": "sglang-qwen-r3.service", "url": "http://127.0.0.1:30004",
                                  "from": "2026-12-02T09:03:00", "to": "2026-12-01T10:00:00",
-                                 "to_unit": "/var/lib/x/units/20261201-deployed"}
+                                 "to_unit": "/var/lib/x/units/20261201-deployed", "to_models": previous["models"]}
+    # The model versions they go back to, with the catalogue's names and configured paths (checked, then in use).
+    catalogue = {"target": {"name": "T", "path": "/root/models/T"}, "draft": {"name": "D", "path": "/root/models/D"}}
+    assert rollout.rollback_models([t["to_models"] for t in every["turns"]] + [{}], catalogue) == [
+        {"name": "T", "path": "/root/models/T", "folder": f"{versions}/T/00aa", "manifest_sha256": "00aa" * 16},
+        {"name": "D", "path": "/root/models/D", "folder": f"{versions}/D/11bb", "manifest_sha256": "11bb" * 16}]
     assert every["lines"][0] == ("sglang-qwen-r0.service: back from the deployment of 2026-12-02T09:00:00 to that of "
                                  "2026-12-01T10:00:00 (/var/lib/x/units/20261201-deployed)")
     # Asked for by index: only those; one with nothing to go back to is refused, naming what was found.

@@ -98,12 +98,21 @@ def verify_staged(source: Manifest, staging: Path, paths: Iterable[str],
 
 
 def commit(source: Manifest, dest: Path, staging: Path, paths: Iterable[str], extras: Iterable[str],
-           own: Ownership) -> dict[str, Any]:
-    """Rename verified staged files into dest (atomic per file, same file system), delete extras, set modes."""
+           own: Ownership, links: Iterable[tuple[str, str]] = ()) -> dict[str, Any]:
+    """Rename verified staged files into dest (atomic per file, same file system), hard-link unchanged files from a
+    kept version (rel, the same bytes there), delete extras, set modes."""
     uid, gid = own.ids()
     dest.mkdir(parents=True, exist_ok=True)
     moved: list[str] = []
     removed: list[str] = []
+    linked: list[str] = []
+    for rel, same in links:
+        dst = dest / rel
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        if dst.is_symlink() or dst.exists():
+            dst.unlink()
+        os.link(same, dst)
+        linked.append(rel)
     for rel in paths:
         src, dst = staging / rel, dest / rel
         dst.parent.mkdir(parents=True, exist_ok=True)
@@ -121,7 +130,7 @@ def commit(source: Manifest, dest: Path, staging: Path, paths: Iterable[str], ex
         if _apply(d, own.dir_mode, uid, gid):
             perms.append(_label(d, dest, True))
         _fsync_dir(d)
-    return {"moved": moved, "removed": removed, "permissions": sorted(perms)}
+    return {"moved": moved, "removed": removed, "linked": linked, "permissions": sorted(perms)}
 
 
 def dest_state(source: Manifest, dest: Path) -> Manifest:

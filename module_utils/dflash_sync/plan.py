@@ -19,9 +19,10 @@ class FilePlan:
 
     path: str
     size: int
-    action: str  # ok | adopt | transfer | staged
+    action: str  # ok | adopt | transfer | staged | link
     reason: str = ""
     resume_bytes: int = 0  # bytes of an interrupted transfer already on disk
+    link_from: str = ""  # link: the same bytes in a kept version, hard-linked instead of copied
 
 
 @dataclass
@@ -39,6 +40,7 @@ class DestPlan:
     problems: list[str] = field(default_factory=list)
     permissions: list[str] = field(default_factory=list)  # paths whose owner or mode the commit would set
     foreign: list[str] = field(default_factory=list)  # files no manifest of this project listed: never deleted
+    versions: list[str] = field(default_factory=list)  # version steps: migration, removals (keep 1), synced version
 
     def of(self, action: str) -> list[FilePlan]:
         return [f for f in self.files if f.action == action]
@@ -53,11 +55,13 @@ class DestPlan:
 
     @property
     def changes(self) -> bool:
-        return any(f.action != "ok" for f in self.files) or bool(self.extras) or bool(self.permissions)
+        return any(f.action != "ok" for f in self.files) or bool(self.extras) or bool(self.permissions) \
+            or bool(self.versions)
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
         out.update(transfer_files=[f.path for f in self.of("transfer")], transfer_bytes=self.transfer_bytes,
+                   link_files=[f.path for f in self.of("link")], link_bytes=sum(f.size for f in self.of("link")),
                    staged_files=[f.path for f in self.of("staged")], adopt_files=[f.path for f in self.of("adopt")],
                    needed_bytes=self.needed_bytes, changes=self.changes)
         return out
@@ -69,12 +73,17 @@ def space_needed(files: Iterable[FilePlan]) -> int:
     return sum(f.size for f in files if f.action == "transfer")
 
 
-def free_space_problem(name: str, needed: int, free: int, reserve: int, where: str) -> str | None:
+def free_space_problem(name: str, needed: int, free: int, reserve: int, where: str,
+                       versions: bool = False) -> str | None:
     """A sentence when `needed` bytes plus the reserve do not fit in `free`, else None."""
     if needed + reserve <= free:
         return None
-    return (f"{name}: the copy needs {human(needed)} plus a reserve of {human(reserve)} on {where}, "
-            f"which has {human(free)} free; free {human(needed + reserve - free)} or lower model_sync_reserve_bytes")
+    keep = ("; or set dflash_model_versions_keep: 1 (the versions but the one in use are removed before the copy, "
+            "and a rollback then cannot restore the models of an earlier deployment)") if versions else ""
+    linked = " (the files that changed; unchanged ones are hard-linked)" if versions else ""
+    return (f"{name}: the copy needs {human(needed)}{linked} plus a "
+            f"reserve of {human(reserve)} on {where}, which has {human(free)} free; free "
+            f"{human(needed + reserve - free)} or lower model_sync_reserve_bytes{keep}")
 
 
 def free_bytes(path: Path) -> int:
@@ -101,8 +110,24 @@ def partial_bytes(staging: Path, rel: str) -> int:
     return max(sizes)
 
 
+def linkable(links: Iterable[tuple[Path, Manifest]]) -> dict[tuple[str, int], str]:
+    """(sha256, size) -> a file of a kept verified copy that still has its verified size and mtime (hard-linkable)."""
+    out: dict[tuple[str, int], str] = {}
+    for folder, state in links:
+        for rec in state.files:
+            p = folder / rec.path
+            try:
+                st = p.lstat()
+            except OSError:
+                continue
+            if (rec.sha256, rec.size) not in out and p.is_file() and not p.is_symlink() \
+                    and (st.st_size, st.st_mtime_ns) == (rec.size, rec.mtime_ns):
+                out[(rec.sha256, rec.size)] = str(p)
+    return out
+
+
 def _plan_file(f: FileEntry, st: os.stat_result | None, rec: FileEntry | None, dest: Path, staging: Path,
-               full_verify: bool, stats: ScanStats) -> FilePlan:
+               full_verify: bool, stats: ScanStats, links: dict[tuple[str, int], str] | None = None) -> FilePlan:
     """The plan of one source file from its stat at the destination and its entry in the verified state."""
     if st is not None and st.st_size == f.size:
         if not full_verify and rec and rec.mtime_ns == st.st_mtime_ns and rec.size == f.size \
@@ -118,6 +143,9 @@ def _plan_file(f: FileEntry, st: os.stat_result | None, rec: FileEntry | None, d
         reason = f"{st.st_size} bytes, the source has {f.size}"
     else:
         reason = "missing"
+        same = (links or {}).get((f.sha256, f.size))
+        if same:
+            return FilePlan(f.path, f.size, "link", f"unchanged: hard-linked from {same}", link_from=same)
     staged = staging / f.path
     if staged.is_file() and staged.stat().st_size == f.size and staged.stat().st_mtime_ns == f.mtime_ns:
         return FilePlan(f.path, f.size, "staged", reason + "; received, to be verified")
@@ -125,20 +153,24 @@ def _plan_file(f: FileEntry, st: os.stat_result | None, rec: FileEntry | None, d
 
 
 def plan_destination(name: str, source: Manifest, dest: Path, staging: Path, state: Manifest | None,
-                     full_verify: bool = False, reserve: int = 0) -> DestPlan:
+                     full_verify: bool = False, reserve: int = 0,
+                     links: Iterable[tuple[Path, Manifest]] = (), versions: bool = False) -> DestPlan:
     """Compare a destination with the source manifest. Files the last verified sync recorded with the same
-    size and mtime are trusted without reading them (unless full_verify); other same-size files are hashed."""
+    size and mtime are trusted without reading them (unless full_verify); other same-size files are hashed.
+    A missing file whose bytes a kept verified copy holds (`links`: folder and its verified state) is linked."""
     stats = ScanStats()
     known = state.by_path() if state else {}
     present = dict(list_files(dest)) if dest.is_dir() else {}
-    plans = [_plan_file(f, present.get(f.path), known.get(f.path), dest, staging, full_verify, stats)
+    same = linkable(links)
+    plans = [_plan_file(f, present.get(f.path), known.get(f.path), dest, staging, full_verify, stats, same)
              for f in source.files]
     left = sorted(set(present) - {f.path for f in source.files})
     plan = DestPlan(name=name, files=plans, extras=[p for p in left if p in known], total_bytes=source.total_bytes,
                     free_bytes=free_bytes(dest), reserve_bytes=reserve,
                     hashed_bytes=stats.hashed_bytes, hashed_files=stats.hashed_files,
                     foreign=[p for p in left if p not in known])
-    problem = free_space_problem(name, plan.needed_bytes, plan.free_bytes, reserve, str(dest.parent))
+    problem = free_space_problem(name, plan.needed_bytes, plan.free_bytes, reserve, str(dest.parent),
+                                 versions)
     if problem:
         plan.problems.append(problem)
     return plan

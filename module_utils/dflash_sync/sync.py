@@ -17,6 +17,16 @@ from .manifest import Manifest, ScanStats, read_manifest, write_json_atomic
 from .plan import DestPlan, FilePlan, plan_destination
 from .rsync import Remote, run_rsync
 from .verifier import Verifier
+from .versions import (
+    ModelHome,
+    label_of,
+    link_sources,
+    mark_synced,
+    migrate,
+    prune_plan,
+    read_versions,
+    remove_versions,
+)
 
 
 @dataclass(frozen=True)
@@ -40,6 +50,14 @@ class ModelPaths:
                    report_file=state_dir / f"{name}.sync.json", log=log_dir / f"model-sync-{name}.log",
                    lock=stage_root / f"{name}.lock", control=stage_root / f"{name}.transfer.json")
 
+    @classmethod
+    def of_version(cls, home: ModelHome, label: str, log_dir: Path) -> ModelPaths:
+        """One version of a model (versions.py): its folder and verified state; staging, lock and report beside the
+        configured path, as for a folder of its own."""
+        plain = cls.of(home.name, home.path, home.state_dir, log_dir)
+        return cls(dest=home.folder(label), staging=plain.staging, state_file=home.state_file(label),
+                   report_file=plain.report_file, log=plain.log, lock=plain.lock, control=plain.control)
+
 
 @dataclass
 class SyncOptions:
@@ -61,6 +79,10 @@ class SyncOptions:
     strict: bool = False
     # The deploy lock, touched as the transfer progresses (the run's heartbeat during a long copy); None: none.
     heartbeat: Path | None = None
+    # Versions (versions.py): the model's configured path and states; None: the destination is the folder itself.
+    home: ModelHome | None = None
+    # How many versions that passed a deploy are kept (1: the others are removed before the copy).
+    keep: int = 2
 
 
 def destination_problem(name: str, dest: Path, root: Path | None) -> str:
@@ -81,11 +103,13 @@ def destination_problem(name: str, dest: Path, root: Path | None) -> str:
 
 
 def _plan(opt: SyncOptions, state: Manifest | None) -> DestPlan:
-    where = destination_problem(opt.name, opt.paths.dest, opt.root)
-    if where:
-        raise SyncError(where + ". Nothing was copied or removed")
+    for dest in dict.fromkeys([opt.home.path, opt.paths.dest] if opt.home else [opt.paths.dest]):
+        where = destination_problem(opt.name, dest, opt.root)
+        if where:
+            raise SyncError(where + ". Nothing was copied or removed")
+    links = link_sources(opt.home) if opt.home else []
     plan = plan_destination(opt.name, opt.source, opt.paths.dest, opt.paths.staging, state, opt.full_verify,
-                            opt.reserve)
+                            opt.reserve, links, opt.home is not None)
     if not opt.delete_extra:
         plan.extras = []
     if opt.strict and plan.foreign:
@@ -99,7 +123,29 @@ def _plan(opt: SyncOptions, state: Manifest | None) -> DestPlan:
 
 def preview(opt: SyncOptions) -> DestPlan:
     """What sync(opt) would do, changing nothing (check mode and the deploy's plan stage)."""
-    return _plan(opt, read_manifest(opt.paths.state_file))
+    plan = _plan(opt, read_manifest(opt.paths.state_file))
+    if opt.home:
+        plan.versions = _version_steps(opt, check=True)
+    return plan
+
+
+def _version_steps(opt: SyncOptions, check: bool) -> list[str]:
+    """The old layout migrated, the versions beyond the one in use removed when only one is kept (before the copy,
+    for its space), and whether the synced version changes: what was done (under check, what would be)."""
+    assert opt.home is not None
+    home, label = opt.home, label_of(opt.source.digest())
+    steps = migrate(home, check)
+    doc = read_versions(home)
+    if opt.keep == 1:
+        drop, _ = prune_plan(home, 1, {**doc, "synced": label, "order": [doc.get("current") or label]})
+        if drop:
+            steps.append(f"removed the versions {', '.join(drop)} (dflash_model_versions_keep is 1: a rollback cannot "
+                         "restore the models of an earlier deployment)")
+            if not check:
+                remove_versions(home, drop)
+    if doc.get("synced") != label:
+        steps.append(f"the plan serves version {label} (was {doc.get('synced') or 'none'})")
+    return steps
 
 
 def diff(plan: Mapping[str, Any]) -> dict[str, str]:
@@ -157,20 +203,27 @@ def sync(opt: SyncOptions) -> dict[str, Any]:
     sync changed something, with the plan it followed under `plan`)."""
     started = time.monotonic()
     with Lock(opt.paths.lock):
+        steps = _version_steps(opt, check=False) if opt.home else []
         state = read_manifest(opt.paths.state_file)
         plan = _plan(opt, state)
         if plan.problems:
             raise SyncError("; ".join(plan.problems) + ". Nothing was copied")
         to_commit, transfers, hashed, streamed = _transfer(opt, plan)
-        done = commit(opt.source, opt.paths.dest, opt.paths.staging, to_commit, plan.extras, opt.own)
+        done = commit(opt.source, opt.paths.dest, opt.paths.staging, to_commit, plan.extras, opt.own,
+                      [(f.path, f.link_from) for f in plan.of("link")])
         verified = dest_state(opt.source, opt.paths.dest)
         if state is None or state.to_dict() != verified.to_dict():
             write_json_atomic(opt.paths.state_file, verified.to_dict())
         remove_tree(opt.paths.staging)
-        changed = bool(done["moved"] or done["removed"] or done["permissions"] or plan.of("adopt"))
+        synced = mark_synced(opt.home, label_of(opt.source.digest())) if opt.home else False
+        plan.versions = steps
+        changed = bool(done["moved"] or done["removed"] or done["linked"] or done["permissions"]
+                       or plan.of("adopt") or steps or synced)
         report = {"name": opt.name, "dest": str(opt.paths.dest), "changed": changed,
                   "manifest_sha256": opt.source.digest(), "total_bytes": opt.source.total_bytes,
                   "files": len(opt.source.files), "adopted": [f.path for f in plan.of("adopt")],
+                  "written_bytes": sum(f.size for f in plan.of("transfer") + plan.of("staged")),
+                  "linked_bytes": sum(f.size for f in plan.of("link")), "versions": steps,
                   "repaired": [f.path for f in plan.files if f.action in ("transfer", "staged")
                                and not f.reason.startswith("missing")],
                   "transfers": transfers, "hashed_bytes": hashed.hashed_bytes, "hashed_files": hashed.hashed_files,

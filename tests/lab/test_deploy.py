@@ -107,8 +107,12 @@ def test_deploy_on_a_fresh_lab_passes_every_gate(fresh_lab: LabHandle, tmp_path:
     # The record names the very manifests the source has (its manifest cache on ct129) for both models.
     for role, name in (("target", "Qwen3.6-27B"), ("draft", "Qwen3.6-27B-DFlash")):
         source = json.loads(fresh_lab.ssh("ct129", "cat", f"/var/cache/dflash-infra/manifests/{name}.json").stdout)
-        assert record["models"][role] == {"path": f"/root/models/{name}",
-                                          "manifest_sha256": source["manifest_sha256"]}
+        version = f"/root/models/.dflash-versions/{name}/{source['manifest_sha256'][:16]}"
+        assert record["models"][role] == {"path": version, "manifest_sha256": source["manifest_sha256"]}
+        # The engine loads that version folder; the model's path is a link to it, switched after the gates.
+        assert f"--{'model-path' if role == 'target' else 'speculative-draft-model-path'} {version}" in \
+            " ".join(record["args"])
+        assert fresh_lab.ssh("ct200", "readlink", "-f", f"/root/models/{name}").stdout.strip() == version
     # ... and the unit names them too, with the driver it runs on (a change of either restarts the engine).
     unit_file = fresh_lab.ssh("ct200", "cat", f"/etc/systemd/system/{R0}").stdout
     assert f"manifest {record['models']['target']['manifest_sha256']}" in unit_file
