@@ -136,7 +136,9 @@ def test_promote_switches_the_link_and_keeps_the_newest_versions(source: Path, t
         stage(source, opt.source, opt.paths.staging, ["model-00002-of-00002.safetensors"] if labels else None)
         sync(opt)
         labels.append(opt.paths.dest.name)
-        assert vs.promote(h, None, 2, check=True)["changed"] and h.path.resolve() != h.folder(labels[-1])
+        assert vs.promote(h, None, 2, check=True)["changed"]
+        # Only the first copy on a host shows at the model's path at once (no version was in use to protect).
+        assert (h.path.resolve() == h.folder(labels[-1])) == (len(labels) == 1)
         done = vs.promote(h, None, 2)
         assert done["switched"]["to"] == labels[-1] and h.path.resolve() == h.folder(labels[-1])
     assert done["pruned"] == [labels[0]] and not h.folder(labels[0]).exists()
@@ -197,7 +199,7 @@ def test_the_module_syncs_versions_promotes_and_checks_them(source: Path, tmp_pa
     assert done["changed"] and done["dest"] == str(h.folder(label)), done
     models = [{"name": "M", "path": str(h.path)}]
     assert run_module("dflash_model_sync", {"action": "promote", "models": models, **common}, check=True)["changed"]
-    assert not h.path.exists()
+    assert h.path.resolve() == h.folder(label) and vs.read_versions(h)["current"] is None  # the first copy
     promoted = run_module("dflash_model_sync", {"action": "promote", "models": models, **common})
     assert promoted["changed"] and promoted["models"][0]["switched"] == {"from": None, "to": label}
     assert not run_module("dflash_model_sync", {"action": "promote", "models": models, **common})["changed"]

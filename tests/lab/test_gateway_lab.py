@@ -19,6 +19,7 @@ import hashlib
 import json
 import os
 import re
+import shlex
 import signal
 import socket
 import subprocess
@@ -771,6 +772,84 @@ def requests_served(url: str, cafile: Path | None = None) -> float:
     with urllib.request.urlopen(f"{url}/metrics", timeout=5, context=context) as r:
         return sum(float(line.rsplit(" ", 1)[1]) for line in r.read().decode().splitlines()
                    if line.startswith("sglang:num_requests_total"))
+
+
+TARGET = "/root/models/Qwen3.6-27B"
+TARGET_STATE = "/var/lib/dflash-infra/models/Qwen3.6-27B"
+
+
+def tree_sha256(lab: LabHandle, host: str, folder: str) -> str:
+    """sha256sum of every file under a folder, sorted by path (an independent check of the sync's own)."""
+    script = f"set -o pipefail && cd {folder} && find . -type f -print0 | sort -z | xargs -0 sha256sum"
+    return lab.ssh(host, "bash", "-c", shlex.quote(script)).stdout
+
+
+def new_revision(lab: LabHandle, offset: int) -> None:
+    """A new revision of the target at the source: one byte of one shard changed (same size, new sha256)."""
+    flip = (f"import sys; f = open('{TARGET}/model-00007-of-00015.safetensors', 'r+b'); f.seek({offset}); "
+            f"b = f.read(1); f.seek({offset}); f.write(bytes([b[0] ^ 0xFF])); f.close()")
+    lab.ssh("ct129", "python3", "-c", shlex.quote(flip))
+
+
+def test_a_new_model_revision_failing_its_gates_goes_back_to_the_previous_version_and_a_good_one_replaces_it(
+        routed: LabHandle, tmp_path: Path) -> None:
+    """Journey 2: a new target revision (one changed shard) whose engine fails the load gate: the replica goes back
+    to its unit and the model version it ran on, whose bytes are the previous manifest's; the endpoint serves
+    throughout. A good revision then deploys: the model's path switches to it, and the failed version is pruned
+    (the previous one is kept for a rollback). The new version costs its changed shard: the rest is hard-linked."""
+    v1 = routed.ssh("ct200", "readlink", "-f", TARGET).stdout.strip()
+    v1_bytes = tree_sha256(routed, "ct129", TARGET)
+    assert "/.dflash-versions/Qwen3.6-27B/" in v1 and tree_sha256(routed, "ct200", v1) == v1_bytes
+    before = {u: routed.ssh("ct200", "systemctl", "cat", u).stdout for u in REPLICAS}
+    assert all(f"--model-path {v1}" in " ".join(unit.split()) for unit in before.values()), before[REPLICAS[0]]
+    new_revision(routed, 100_000)
+    load = Load(f"http://{routed.addresses['ct200']}:30000", tmp_path / "load")
+    crash = {"SGLANG_STANDIN_CRASH_UNDER_LOAD": "8"}  # the lab's stand-in for an engine the new weights break
+    result = play("deploy_dflash.yml", extra={"dflash_plan_overrides": {"max_running_requests": 24},
+                                              "sglang_service_extra_environment": crash})
+    failed = load.stop()
+    out = " ".join(result.stdout.split())
+    assert result.returncode != 0, out[-3000:]
+    assert "replica 0 (sglang-qwen-r0.service, GPUs 0,1) failed its turn of the rollout" in out, failures(out)
+    assert "Back in the gateway on its old unit" in out, out[-5000:]
+    report = json.loads(routed.ssh("ct200", "cat", f"{TARGET_STATE}.sync.json").stdout)
+    v2 = report["dest"]
+    assert v2 != v1 and report["written_bytes"] > 0 and report["linked"], report
+    assert report["written_bytes"] + report["linked_bytes"] == report["total_bytes"]
+    shown = r"Qwen3.6-27B: .*1 files moved into place \([0-9.]+ KiB written\), \d+ unchanged hard-linked"
+    assert re.search(shown, out), out[-5000:]
+    # The replica's unit and the version it ran on came back; the bytes under its path are the previous manifest's.
+    assert {u: routed.ssh("ct200", "systemctl", "cat", u).stdout for u in REPLICAS} == before
+    assert routed.ssh("ct200", "readlink", "-f", TARGET).stdout.strip() == v1
+    assert tree_sha256(routed, "ct200", v1) == v1_bytes != tree_sha256(routed, "ct129", TARGET)
+    assert all(unit_state(routed, u)[0] == "active" for u in REPLICAS)
+    assert failed["requests"] > 50 and failed["failed"] == 0, failed
+    versions = json.loads(routed.ssh("ct200", "cat", f"{TARGET_STATE}.versions.json").stdout)
+    assert versions["current"] == v1.rsplit("/", 1)[1] and versions["synced"] == v2.rsplit("/", 1)[1], versions
+    # A good revision: served by every replica under load, the model's path switched, the failed version pruned.
+    new_revision(routed, 150_000)
+    load = Load(f"http://{routed.addresses['ct200']}:30000", tmp_path / "load-good")
+    good = play("deploy_dflash.yml", extra={"dflash_plan_overrides": {"max_running_requests": 24}})
+    figures = load.stop()
+    gout = " ".join(good.stdout.split())
+    assert good.returncode == 0, failures(gout)
+    v3 = routed.ssh("ct200", "readlink", "-f", TARGET).stdout.strip()
+    assert v3 not in (v1, v2) and tree_sha256(routed, "ct200", v3) == tree_sha256(routed, "ct129", TARGET)
+    assert all(f"--model-path {v3}" in " ".join(routed.ssh("ct200", "systemctl", "cat", u).stdout.split())
+               for u in REPLICAS)
+    assert f"Qwen3.6-27B: now uses version {v3.rsplit('/', 1)[1]} (was {v1.rsplit('/', 1)[1]}); removed versions " \
+           f"{v2.rsplit('/', 1)[1]}" in gout, gout[-5000:]
+    kept = routed.ssh("ct200", "ls", "/root/models/.dflash-versions/Qwen3.6-27B").stdout.split()
+    assert sorted(kept) == sorted([v1.rsplit("/", 1)[1], v3.rsplit("/", 1)[1]]), kept
+    assert figures["requests"] > 50 and figures["failed"] == 0, figures
+    report = json.loads(routed.ssh("ct200", "cat", f"{TARGET_STATE}.sync.json").stdout)
+    again = play("deploy_dflash.yml", extra={"dflash_plan_overrides": {"max_running_requests": 24}})
+    assert again.returncode == 0 and recap(again)["changed"] == 0, again.stdout[-3000:]
+    print(f"\na new revision with one changed shard: {report['written_bytes']} bytes written of the model's "
+          f"{report['total_bytes']} ({100 * report['written_bytes'] / report['total_bytes']:.1f} %), "
+          f"{report['linked_bytes']} hard-linked; under load through the gateway, the failed deploy: "
+          f"{failed['requests']} requests, {failed['failed']} failed; the good one: {figures['requests']} requests, "
+          f"{figures['failed']} failed")
 
 
 def test_a_second_host_serves_the_same_endpoint_behind_ct200s_gateway_and_rolls_under_load(
