@@ -797,16 +797,22 @@ def test_a_new_model_revision_failing_its_gates_goes_back_to_the_previous_versio
     to its unit and the model version it ran on, whose bytes are the previous manifest's; the endpoint serves
     throughout. A good revision then deploys: the model's path switches to it, and the failed version is pruned
     (the previous one is kept for a rollback). The new version costs its changed shard: the rest is hard-linked."""
+    ct200 = routed.addresses["ct200"]
+    # The settings in force as the earlier tests leave the host (the kept candidate's, the changed gateway setting),
+    # converged first so that only the model and the injected fault change below.
+    settings = {**KEPT, "dflash_gateway_settings": changed_gateway_settings(ct200)}
+    converged = play("deploy_dflash.yml", extra=settings)
+    assert converged.returncode == 0, failures(" ".join(converged.stdout.split()))
     v1 = routed.ssh("ct200", "readlink", "-f", TARGET).stdout.strip()
     v1_bytes = tree_sha256(routed, "ct129", TARGET)
     assert "/.dflash-versions/Qwen3.6-27B/" in v1 and tree_sha256(routed, "ct200", v1) == v1_bytes
     before = {u: routed.ssh("ct200", "systemctl", "cat", u).stdout for u in REPLICAS}
     assert all(f"--model-path {v1}" in " ".join(unit.split()) for unit in before.values()), before[REPLICAS[0]]
     new_revision(routed, 100_000)
-    load = Load(f"http://{routed.addresses['ct200']}:30000", tmp_path / "load")
-    crash = {"SGLANG_STANDIN_CRASH_UNDER_LOAD": "8"}  # the lab's stand-in for an engine the new weights break
-    result = play("deploy_dflash.yml", extra={"dflash_plan_overrides": {"max_running_requests": 24},
-                                              "sglang_service_extra_environment": crash})
+    load = Load(f"http://{ct200}:30000", tmp_path / "load")
+    # The lab's stand-in for an engine the new weights break: it dies under the load gate's concurrency.
+    crash = {**settings.get("sglang_service_extra_environment", {}), "SGLANG_STANDIN_CRASH_UNDER_LOAD": "8"}
+    result = play("deploy_dflash.yml", extra={**settings, "sglang_service_extra_environment": crash})
     failed = load.stop()
     out = " ".join(result.stdout.split())
     assert result.returncode != 0, out[-3000:]
@@ -828,8 +834,8 @@ def test_a_new_model_revision_failing_its_gates_goes_back_to_the_previous_versio
     assert versions["current"] == v1.rsplit("/", 1)[1] and versions["synced"] == v2.rsplit("/", 1)[1], versions
     # A good revision: served by every replica under load, the model's path switched, the failed version pruned.
     new_revision(routed, 150_000)
-    load = Load(f"http://{routed.addresses['ct200']}:30000", tmp_path / "load-good")
-    good = play("deploy_dflash.yml", extra={"dflash_plan_overrides": {"max_running_requests": 24}})
+    load = Load(f"http://{ct200}:30000", tmp_path / "load-good")
+    good = play("deploy_dflash.yml", extra=settings)
     figures = load.stop()
     gout = " ".join(good.stdout.split())
     assert good.returncode == 0, failures(gout)
@@ -843,7 +849,7 @@ def test_a_new_model_revision_failing_its_gates_goes_back_to_the_previous_versio
     assert sorted(kept) == sorted([v1.rsplit("/", 1)[1], v3.rsplit("/", 1)[1]]), kept
     assert figures["requests"] > 50 and figures["failed"] == 0, figures
     report = json.loads(routed.ssh("ct200", "cat", f"{TARGET_STATE}.sync.json").stdout)
-    again = play("deploy_dflash.yml", extra={"dflash_plan_overrides": {"max_running_requests": 24}})
+    again = play("deploy_dflash.yml", extra=settings)
     assert again.returncode == 0 and recap(again)["changed"] == 0, again.stdout[-3000:]
     print(f"\na new revision with one changed shard: {report['written_bytes']} bytes written of the model's "
           f"{report['total_bytes']} ({100 * report['written_bytes'] / report['total_bytes']:.1f} %), "
