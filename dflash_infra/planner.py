@@ -17,6 +17,7 @@ from typing import Any
 from dflash_infra.models import dtype_bytes
 from dflash_infra.planning import argv, sizing, topology
 from dflash_infra.planning.notes import Notes
+from dflash_infra.planning.request import KNOWN_OVERRIDES, SPEC_ALGORITHMS, Gpu
 from dflash_infra.planning.sizing import (
     ENGINE_MAX_RUNNING_SPEC,
     GIB,
@@ -28,9 +29,6 @@ from dflash_infra.planning.sizing import (
 )
 from dflash_infra.planning.validate import (
     DEFAULT_CAPACITY,
-    KNOWN_OVERRIDES,
-    SPEC_ALGORITHMS,
-    Gpu,
     dflash_problems,
     speculative_problems,
     validate_request,

@@ -14,7 +14,7 @@ import yaml
 
 from dflash_infra import engine, memory
 from dflash_infra.planner import plan_dict
-from dflash_infra.planning.validate import Speculative, verify_tokens
+from dflash_infra.planning.request import Speculative
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples"
@@ -175,10 +175,10 @@ def test_a_plan_on_the_derived_table_says_it_is_derived() -> None:
 # --- verify width in the memory model -------------------------------------------------------------------
 
 def test_verify_tokens_is_the_block_for_dflash_and_budget_plus_one_for_ddtree() -> None:
-    assert verify_tokens(Speculative("dflash", {"block_size": 16, "tree_budget": 40})) == 16
-    assert verify_tokens(Speculative("ddtree", {"block_size": 16, "tree_budget": 8})) == 9
-    assert verify_tokens(Speculative("ddtree", {"block_size": 16, "tree_budget": 32})) == 33
-    assert verify_tokens(Speculative("none", {})) == 0
+    assert Speculative("dflash", {"block_size": 16, "tree_budget": 40}).verify_tokens == 16
+    assert Speculative("ddtree", {"block_size": 16, "tree_budget": 8}).verify_tokens == 9
+    assert Speculative("ddtree", {"block_size": 16, "tree_budget": 32}).verify_tokens == 33
+    assert Speculative("none", {}).verify_tokens == 0
 
 
 def test_a_larger_budget_runs_fewer_requests_at_the_same_tp() -> None:

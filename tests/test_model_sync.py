@@ -35,7 +35,11 @@ def write(path: Path, data: bytes, mtime_ns: int | None = None) -> Path:
 
 @pytest.fixture()
 def model(tmp_path: Path) -> Path:
-    root = tmp_path / "src" / "M"
+    return make_model(tmp_path / "src" / "M")
+
+
+def make_model(root: Path) -> Path:
+    """A model folder: a config, two shards of random bytes and a tokenizer in a sub-folder."""
     write(root / "config.json", b'{"a": 1}\n')
     write(root / "model-00001-of-00002.safetensors", os.urandom(300_000))
     write(root / "model-00002-of-00002.safetensors", os.urandom(100_001))

@@ -17,22 +17,12 @@ from ansible.module_utils.dflash_sync.errors import SyncError
 from ansible.module_utils.dflash_sync.sync import ModelPaths, SyncOptions, preview, sync
 
 from helpers import run_module
-
-
-def write(path: Path, data: bytes) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(data)
-    return path
+from test_model_sync import make_model, write
 
 
 @pytest.fixture()
 def source(tmp_path: Path) -> Path:
-    root = tmp_path / "src" / "M"
-    write(root / "config.json", b'{"a": 1}\n')
-    write(root / "model-00001-of-00002.safetensors", os.urandom(300_000))
-    write(root / "model-00002-of-00002.safetensors", os.urandom(100_001))
-    write(root / "sub" / "tokenizer.json", b"{}")
-    return root
+    return make_model(tmp_path / "src" / "M")
 
 
 def home(tmp_path: Path) -> vs.ModelHome:
@@ -54,6 +44,15 @@ def versioned(src: Path, tmp_path: Path, keep: int = 2) -> SyncOptions:
     paths = ModelPaths.of_version(h, vs.label_of(manifest.digest()), tmp_path / "log")
     return SyncOptions("M", manifest, paths, own=Ownership(file_mode=0o644, dir_mode=0o755), home=h, keep=keep,
                        root=tmp_path / "models")
+
+
+def revise(source: Path, tmp_path: Path, keep: int = 2, first: bool = False) -> SyncOptions:
+    """A new revision at the source (the second shard's bytes), synced: only that shard staged, unless first."""
+    write(source / "model-00002-of-00002.safetensors", os.urandom(100_001))
+    opt = versioned(source, tmp_path, keep)
+    stage(source, opt.source, opt.paths.staging, None if first else ["model-00002-of-00002.safetensors"])
+    sync(opt)
+    return opt
 
 
 def legacy_copy(src: Path, tmp_path: Path) -> mf.Manifest:
@@ -131,11 +130,7 @@ def test_promote_switches_the_link_and_keeps_the_newest_versions(source: Path, t
     h = home(tmp_path)
     labels = []
     for _ in range(3):
-        write(source / "model-00002-of-00002.safetensors", os.urandom(100_001))
-        opt = versioned(source, tmp_path)
-        stage(source, opt.source, opt.paths.staging, ["model-00002-of-00002.safetensors"] if labels else None)
-        sync(opt)
-        labels.append(opt.paths.dest.name)
+        labels.append(revise(source, tmp_path, first=not labels).paths.dest.name)
         assert vs.promote(h, None, 2, check=True)["changed"]
         # Only the first copy on a host shows at the model's path at once (no version was in use to protect).
         assert (h.path.resolve() == h.folder(labels[-1])) == (len(labels) == 1)
@@ -172,12 +167,8 @@ def test_keep_one_removes_the_other_versions_before_the_copy_and_says_so(source:
     h = home(tmp_path)
     labels = []
     for _ in range(2):
-        write(source / "model-00002-of-00002.safetensors", os.urandom(100_001))
-        opt = versioned(source, tmp_path)
-        stage(source, opt.source, opt.paths.staging)
-        sync(opt)
+        labels.append(revise(source, tmp_path, first=not labels).paths.dest.name)
         vs.promote(h, None, 2)
-        labels.append(opt.paths.dest.name)
     write(source / "model-00002-of-00002.safetensors", os.urandom(100_001))
     opt = versioned(source, tmp_path, keep=1)
     stage(source, opt.source, opt.paths.staging, ["model-00002-of-00002.safetensors"])

@@ -12,9 +12,9 @@ from typing import Any
 from dflash_infra import argv_check, engine
 from dflash_infra.planning import engine_flags, gateway
 from dflash_infra.planning.notes import Notes
+from dflash_infra.planning.request import DDTREE_PR, KNOWN_OVERRIDES, Request, Speculative
 from dflash_infra.planning.sizing import MAMBA_FULL_MEMORY_RATIO, Layout
 from dflash_infra.planning.topology import Topology
-from dflash_infra.planning.validate import DDTREE_PR, KNOWN_OVERRIDES, Request, Speculative, verify_tokens
 
 # Kernel settings a request may override (overrides.<name>), in the engine's own words.
 KERNEL_OVERRIDES = ("attention_backend", "prefill_attention_backend", "decode_attention_backend",
@@ -79,7 +79,7 @@ def speculative_section(spec: Speculative) -> dict[str, Any]:
         return {}
     section = {"mode": spec.mode, "algorithm": spec.algorithm, "block_size": spec.block_size,
                "draft_window": spec.draft_window, "tree_budget": spec.tree_budget,
-               "max_draft_tokens": spec.max_draft_tokens, "verify_tokens": verify_tokens(spec)}
+               "max_draft_tokens": spec.max_draft_tokens, "verify_tokens": spec.verify_tokens}
     if spec.mode == "ddtree":
         section["tree_depth_cap"] = spec.tree_depth_cap
     return section
@@ -180,7 +180,7 @@ def render(request: Request, topology: Topology, chosen: Layout, context: int, k
     table = request.engine.table
     extra, extra_errors, missing = extra_flags(request, table, notes)
     if spec.mode == "ddtree":
-        verify = verify_tokens(spec)
+        verify = spec.verify_tokens
         notes.reasons["speculative"] = (
             f"ddtree ({DDTREE_PR}): block {spec.block_size}, window {spec.draft_window}, tree budget "
             f"{spec.tree_budget} nodes, tree depth at most block_size - 1 = {spec.tree_depth_cap}, verify width "
@@ -189,7 +189,7 @@ def render(request: Request, topology: Topology, chosen: Layout, context: int, k
             + (f" ({', '.join(missing)} not in the {table.version} table: the engine forces it)" if missing else ""))
     elif spec.enabled:
         notes.reasons["speculative"] = (f"{spec.mode}: block {spec.block_size}, window {spec.draft_window}"
-                                        f", verify {verify_tokens(spec)} tokens per request"
+                                        f", verify {spec.verify_tokens} tokens per request"
                                         f", cap {spec.max_draft_tokens}")
     values = engine_values(request, topology, chosen, context, kernels)
     routed = request.gateway

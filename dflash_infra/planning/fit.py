@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import dataclasses
 
+from dflash_infra.planning.request import Request
 from dflash_infra.planning.sizing import Layout, MemoryModel
-from dflash_infra.planning.validate import Request
 
 # The largest TP looked at for "the smallest TP that fits" (a box of 16 GPUs).
 MAX_TP = 16

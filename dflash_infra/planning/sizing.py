@@ -12,7 +12,7 @@ from typing import Any
 from dflash_infra import memory
 from dflash_infra.models import ModelSpec
 from dflash_infra.planning.notes import Notes
-from dflash_infra.planning.validate import Request, verify_tokens
+from dflash_infra.planning.request import Request
 
 GIB = 1024**3
 MIB = 1024**2
@@ -42,7 +42,7 @@ class Layout:
     mamba_slots: int
     chunked_prefill_size: int
     cuda_graph_max_bs: int
-    verify_tokens: int = 0  # tokens verified per running request and step (validate.verify_tokens)
+    verify_tokens: int = 0  # tokens verified per running request and step (Speculative.verify_tokens)
     problems: list[str] = field(default_factory=list)
 
     @property
@@ -70,7 +70,7 @@ def layout(tp: int, gpu_mib: int, target: ModelSpec, target_weights: float, draf
            fraction_override: float | None = None, chunked_override: int | None = None) -> Layout:
     """Per-GPU memory for one TP size: engine reserve, static pool, weights, KV and mamba pools.
 
-    verify_tokens (validate.verify_tokens: the block, or a DDTree budget + 1) sizes the verify graphs'
+    verify_tokens (Speculative.verify_tokens: the block, or a DDTree budget + 1) sizes the verify graphs'
     activations, the SSM scratch per running request and the KV reserve of a decode step.
     """
     caps = memory.capacity_defaults(gpu_mib, tp)
@@ -117,7 +117,7 @@ class MemoryModel:
     target_weights: float  # bytes
     draft: ModelSpec | None
     draft_weights: float  # bytes; 0 without a drafter
-    verify_tokens: int  # validate.verify_tokens of the request
+    verify_tokens: int  # Speculative.verify_tokens of the request
     max_running_cap: int  # the engine's running-request cap, or the override
     ssm_dtype: str | None
     fraction_override: Any  # overrides.mem_fraction_static as written
@@ -154,7 +154,7 @@ def memory_model(request: Request, ssm_dtype: str | None, notes: Notes) -> Memor
         target_weights=target_weights,
         draft=request.draft,
         draft_weights=draft_weights,
-        verify_tokens=verify_tokens(request.speculative),
+        verify_tokens=request.speculative.verify_tokens,
         max_running_cap=int(overrides.get("max_running_requests") or ENGINE_MAX_RUNNING_SPEC),
         ssm_dtype=ssm_dtype,
         fraction_override=overrides.get("mem_fraction_static"),

@@ -11,8 +11,8 @@ from typing import Any
 
 from dflash_infra.planning import fit
 from dflash_infra.planning.notes import Notes
+from dflash_infra.planning.request import Request
 from dflash_infra.planning.sizing import Layout, MemoryModel
-from dflash_infra.planning.validate import Request
 
 
 @dataclass(frozen=True)

@@ -9,130 +9,26 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeGuard
+from typing import Any
 
 from dflash_infra import catalogue, engine
 from dflash_infra.models import ModelConfigError, ModelSpec, model_spec
 from dflash_infra.planning import engine_flags, gateway, schema
-from dflash_infra.planning.gateway import Gateway
 from dflash_infra.planning.notes import Notes
+from dflash_infra.planning.request import (
+    DDTREE_PR,
+    DEFAULT_MAX_DRAFT_TOKENS,
+    KNOWN_OVERRIDES,
+    SPEC_ALGORITHMS,
+    EngineChoice,
+    Gpu,
+    Request,
+    Speculative,
+    is_int,
+)
 
 # What a plan must hold per replica to count as useful (overridable per request under `capacity`).
 DEFAULT_CAPACITY = {"min_running_requests": 8, "min_kv_cache_tokens": 65536}
-KNOWN_OVERRIDES = ("tp_size", "dp_size", "mem_fraction_static", "max_running_requests", "context_length",
-                   "attention_backend", "prefill_attention_backend", "decode_attention_backend",
-                   "draft_attention_backend", "mamba_ssm_dtype", "chunked_prefill_size", "page_size",
-                   "speculative_use_rejection_sampling", "engine_flags")
-SPEC_ALGORITHMS = {"dflash": "DFLASH", "ddtree": "DDTREE", "none": None}
-# The SGLang change that adds DDTree (`--speculative-algorithm DDTREE`, `--speculative-ddtree-budget`); open, in
-# no release. Its rules: page size 1, overlap scheduling off, no rejection sampling, verify width = budget + 1.
-DDTREE_PR = "SGLang PR #29907"
-# Drafted tokens per step a deployment allows when the request does not say (speculative.max_draft_tokens).
-DEFAULT_MAX_DRAFT_TOKENS = 16
-
-
-@dataclass(frozen=True)
-class Gpu:
-    """One GPU as nvidia-smi reports it."""
-
-    name: str
-    memory_total_mib: int
-    compute_cap: str | None = None
-    index: int | None = None
-
-
-@dataclass(frozen=True)
-class Speculative:
-    """The request's speculative-decoding section with its mode checked; values as the request wrote them."""
-
-    mode: str  # "dflash" | "ddtree" | "none"
-    settings: Mapping[str, Any]
-
-    @property
-    def enabled(self) -> bool:
-        return self.mode != "none"
-
-    @property
-    def algorithm(self) -> str | None:
-        """SGLang's --speculative-algorithm for the mode."""
-        return SPEC_ALGORITHMS[self.mode]
-
-    @property
-    def block_size(self) -> int:
-        return int(self.settings.get("block_size") or 0) if self.enabled else 0
-
-    @property
-    def draft_window(self) -> Any:
-        return self.settings.get("draft_window")
-
-    @property
-    def tree_budget(self) -> Any:
-        """The draft tree's budget; only ddtree builds trees."""
-        return self.settings.get("tree_budget") if self.mode == "ddtree" else None
-
-    @property
-    def max_draft_tokens(self) -> int:
-        return int(self.settings.get("max_draft_tokens") or DEFAULT_MAX_DRAFT_TOKENS)
-
-    @property
-    def tree_depth_cap(self) -> int:
-        """The deepest a draft tree can grow: one DFlash pass drafts block_size - 1 tokens after the root."""
-        return max(self.block_size - 1, 0)
-
-
-def _is_int(value: Any) -> TypeGuard[int]:
-    """An integer, not a bool (YAML reads `yes` as True)."""
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def verify_tokens(spec: Speculative) -> int:
-    """Tokens the target verifies per running request and step (0 without speculative decoding).
-
-    The block for linear DFLASH; the tree budget plus its root for DDTree (PR #29907's verify width, with
-    CUDA graphs captured for that many tokens per request). The KV reserve of a decode step, the SSM
-    scratch of hybrid models and the verify graphs' token count all scale with it.
-    """
-    if not spec.enabled:
-        return 0
-    budget = spec.tree_budget
-    if spec.mode == "ddtree" and _is_int(budget):
-        return int(budget) + 1
-    return spec.block_size
-
-
-@dataclass(frozen=True)
-class EngineChoice:
-    """The SGLang release a request names and the flag table its command line is checked against."""
-
-    version: str  # as the request wrote it, e.g. '0.5.23+lab'
-    release: str  # the public release of that version, e.g. '0.5.23'
-    table: engine.FlagTable
-
-    def describe(self) -> dict[str, str]:
-        """The plan's `engine` section."""
-        return {"name": "sglang", "version": self.version, "flag_table": self.table.version}
-
-
-@dataclass(frozen=True)
-class Request:
-    """A request that passed every check: what the later steps plan from."""
-
-    gpus: list[Gpu]
-    target: ModelSpec
-    target_weights: float | None  # declared or catalogued bytes; None: estimated from the config
-    draft: ModelSpec | None  # the drafter when speculative decoding is on, else None
-    draft_weights: float | None
-    speculative: Speculative
-    engine: EngineChoice
-    overrides: dict[str, Any]
-    capacity: dict[str, Any]
-    model_path: Any  # the target's `path` (or its name): the engine's --model-path
-    draft_path: Any  # the drafter's `path` (or its name) when speculative decoding is on
-    context_length: Any  # the context length asked for (override first), None for the model's maximum
-    serve: Mapping[str, Any]  # served model name, host and port (the gateway's, when there is one)
-    gateway: Gateway | None = None  # one engine per replica behind the SGLang Model Gateway (planning/gateway.py)
-
-
 @dataclass(frozen=True)
 class Validated:
     """The outcome of step 1: the checked request, or None when it was refused (the notes say why)."""
@@ -255,7 +151,7 @@ def speculative_problems(spec: Mapping[str, Any]) -> list[str]:
         if int(window) > cap:
             problems.append(f"speculative.draft_window {window} exceeds the deployment's max_draft_tokens {cap}")
     if budget is not None:
-        if not _is_int(budget) or int(budget) < 1:
+        if not is_int(budget) or int(budget) < 1:
             problems.append(f"speculative.tree_budget: expected an integer >= 1, found {budget!r}")
         elif int(budget) > cap:
             problems.append(f"speculative.tree_budget {budget} exceeds the deployment's max_draft_tokens {cap}")
@@ -268,7 +164,7 @@ def ddtree_problems(spec: Mapping[str, Any], overrides: Mapping[str, Any]) -> tu
     warnings: list[str] = []
     budget = spec.get("tree_budget")
     raw_block = spec.get("block_size")
-    block = int(raw_block) if _is_int(raw_block) else 0
+    block = int(raw_block) if is_int(raw_block) else 0
     if budget is None:
         errors.append(f"speculative.tree_budget: ddtree needs an explicit tree budget (an integer >= 1, <= "
                       f"max_draft_tokens), found none; {DDTREE_PR}'s default, block_size - 1"
@@ -279,7 +175,7 @@ def ddtree_problems(spec: Mapping[str, Any], overrides: Mapping[str, Any]) -> tu
                         f"({DDTREE_PR}'s default) and only adds DDTree's costs (page size 1, no overlap "
                         "scheduling); use algorithm dflash or a larger budget measured against it")
     page = overrides.get("page_size")
-    if _is_int(page) and page != 1:
+    if is_int(page) and page != 1:
         errors.append(f"overrides.page_size: ddtree needs page size 1 ({DDTREE_PR}), found {page!r}; drop the "
                       "override or use algorithm dflash")
     if overrides.get("speculative_use_rejection_sampling"):
@@ -353,7 +249,7 @@ def validate_request(request: Any, base: Path | None, notes: Notes) -> Validated
     for key in sorted(set(overrides) - set(KNOWN_OVERRIDES)):
         notes.errors.append(f"overrides.{key}: unknown override; known: {', '.join(KNOWN_OVERRIDES)}")
     page = overrides.get("page_size")
-    if page is not None and (not _is_int(page) or int(page) < 1):
+    if page is not None and (not is_int(page) or int(page) < 1):
         notes.errors.append(f"overrides.page_size: expected an integer >= 1, found {page!r}")
     notes.errors.extend(engine_flags.shape_problems(overrides.get(engine_flags.OVERRIDE)))
     capacity = {**DEFAULT_CAPACITY, **(request.get("capacity") or {})}
