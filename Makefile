@@ -12,12 +12,12 @@ SETUP_INPUTS := pyproject.toml constraints.txt Makefile
 # by `make setup` beside the venv's: where PYTHONDONTWRITEBYTECODE is set (CI's machines set it) Python writes no
 # bytecode, so each process would compile every module it imports from source (ansible-playbook, each forked task
 # worker loading a plugin, each pytest worker): 0.9 s of 2.0 s for an `ansible -m ping`, and a third of the unit tier.
-PY_SOURCES := dflash_infra action_plugins callback_plugins filter_plugins lookup_plugins library module_utils lab tools tests
+PY_SOURCES := dflash_infra action_plugins callback_plugins filter_plugins library module_utils lab tools tests
 export PATH := $(abspath $(BIN)):$(PATH)
 export ANSIBLE_CONFIG := $(abspath ansible.cfg)
 PLAYBOOKS := deploy_dflash.yml $(wildcard playbooks/*.yml)
 # What mypy checks strictly (pyproject.toml [tool.mypy]); library/ and module_utils/ once they exist.
-TYPED := $(wildcard dflash_infra library module_utils action_plugins callback_plugins lookup_plugins)
+TYPED := $(wildcard dflash_infra library module_utils action_plugins callback_plugins)
 PYTEST_ARGS ?= --durations=25
 # The unit tier: no lab, no SGLang parser venv, no engine stand-in wheel, no promtool; it runs first and stops at a
 # failure.

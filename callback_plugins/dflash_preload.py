@@ -3,7 +3,8 @@
 Ansible runs every task in a worker process forked from the main one. A filter plugin the main process has not
 loaded is loaded again in each worker (and with it the planner library it adapts), which cost about 0.1 s per
 task that uses a filter. Loaded here, at start-up, the plugins and the library are inherited by every fork.
-It prints nothing and changes no result.
+It prints nothing and changes no result. Measured (docs/architecture.md, Why a no-op is fast): a no-op deploy on the
+lab takes 5.66 s without it against 4.19 s with it, five paired runs: it saves 26 % of a no-op.
 """
 
 from __future__ import annotations

@@ -13,13 +13,13 @@ What each list is, and what it is held against:
   only from its own files are not entry points. Every entry point listed is a file `roles/<role>/tasks/<name>.yml`.
 - "Modules (`library/`) ...": the first cell of each row against `library/*.py`; every `module_utils/<package>/`
   named in the section against the packages of `module_utils/`.
-- "Action, lookup and callback plugins": the first backticked path of each bullet against `action_plugins/*.py`,
-  `lookup_plugins/*.py` and `callback_plugins/*.py`.
+- "Action and callback plugins": the first backticked path of each bullet against `action_plugins/*.py`,
+  `callback_plugins/*.py`.
 - "Filter plugins (`filter_plugins/`)": every backticked `<name>.py` against `filter_plugins/*.py`.
 - "The library (`dflash_infra/`)": the backticked names of each row's first cell against the modules
   (`dflash_infra/*.py` but `__init__.py`) and folders of `dflash_infra/`.
 - README.md, "Architecture", the layout block: every entry's path (its first word) exists. The entries
-  `playbooks/`, `roles/`, `library/`, `module_utils/`, `action_plugins/`, `lookup_plugins/`, `callback_plugins/`
+  `playbooks/`, `roles/`, `library/`, `module_utils/`, `action_plugins/`, `callback_plugins/`
   and `filter_plugins/` list names: what follows the entry's last colon, with parenthesised notes dropped, split
   at commas and semicolons, each item one name. They are held against the same folders as above (`playbooks/`:
   a bare name is `playbooks/<name>.yml` and those are all of `playbooks/*.yml`; a path under it must exist).
@@ -223,13 +223,13 @@ def test_every_module_is_listed_and_every_module_listed_exists() -> None:
 
 
 def test_every_action_lookup_and_callback_plugin_is_listed_and_every_one_listed_exists() -> None:
-    where = "docs/architecture.md, Action, lookup and callback plugins"
-    bullets = [line for line in section(ARCHITECTURE, "Action, lookup and callback plugins").splitlines()
+    where = "docs/architecture.md, Action and callback plugins"
+    bullets = [line for line in section(ARCHITECTURE, "Action and callback plugins").splitlines()
                if line.startswith("- ")]
-    tree = {f"{folder}/{name}" for folder in ("action_plugins", "lookup_plugins", "callback_plugins")
+    tree = {f"{folder}/{name}" for folder in ("action_plugins", "callback_plugins")
             for name in files(folder)}
     compare(where, {first_backticked(line, where) for line in bullets}, tree,
-            "action_plugins/, lookup_plugins/, callback_plugins/")
+            "action_plugins/, callback_plugins/")
 
 
 def test_every_filter_plugin_is_listed_and_every_one_listed_exists() -> None:
@@ -253,7 +253,6 @@ LAYOUT_LISTS = {
     "library/": lambda: {Path(n).stem for n in files("library")},
     "module_utils/": lambda: {f"{n}/" for n in tree_module_utils()},
     "action_plugins/": lambda: {Path(n).stem for n in files("action_plugins")},
-    "lookup_plugins/": lambda: {Path(n).stem for n in files("lookup_plugins")},
     "callback_plugins/": lambda: {Path(n).stem for n in files("callback_plugins")},
     "filter_plugins/": lambda: {Path(n).stem for n in files("filter_plugins")},
 }
