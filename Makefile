@@ -17,7 +17,7 @@ export PATH := $(abspath $(BIN)):$(PATH)
 export ANSIBLE_CONFIG := $(abspath ansible.cfg)
 PLAYBOOKS := deploy_dflash.yml $(wildcard playbooks/*.yml)
 # What mypy checks strictly (pyproject.toml [tool.mypy]); library/ and module_utils/ once they exist.
-TYPED := $(wildcard dflash_infra library module_utils action_plugins callback_plugins)
+TYPED := $(wildcard dflash_infra library module_utils action_plugins callback_plugins filter_plugins)
 PYTEST_ARGS ?= --durations=25
 # The unit tier: no lab, no SGLang parser venv, no engine stand-in wheel, no promtool; it runs first and stops at a
 # failure.

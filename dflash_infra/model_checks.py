@@ -4,7 +4,7 @@ that the hosts' dflash_model_sync module returns (manifests: {files: [{path, siz
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from dflash_infra import catalogue
@@ -93,7 +93,7 @@ def published_problems(name: str, manifest_data: Mapping[str, Any]) -> list[str]
     return problems
 
 
-def synced_models(described: list[Mapping[str, Any]], models: Mapping[str, Mapping[str, Any]],
+def synced_models(described: Sequence[Mapping[str, Any]], models: Mapping[str, Mapping[str, Any]],
                   manifests: Mapping[str, Mapping[str, Any]], speculative: Mapping[str, Any]) -> dict[str, Any]:
     """The catalogue entries with the synced config, weights bytes (index total_size, else the safetensors
     bytes) and manifest sha256, the planner's drafter/target problems on the synced files, and a summary line
