@@ -368,10 +368,9 @@ def run_promote(p: dict[str, Any], check_mode: bool) -> dict[str, Any]:
     """action=promote: each model's version in use switched (its configured path), older versions pruned."""
     done = []
     for m, home in homes(p):
-        folder = Path(str(m["folder"])) if m.get("folder") else None
-        if folder is not None and folder.parent != home.versions_dir:
+        label = home.version_of(str(m["folder"])) if m.get("folder") else (m.get("version") or None)
+        if m.get("folder") and label is None:
             continue  # a record from before versions (or the source host's own copy): no version to switch to
-        label = folder.name if folder is not None else (m.get("version") or None)
         done.append(promote(home, label, p["keep"], p["prune"], check_mode))
     return {"models": done, "changed": any(d["changed"] for d in done)}
 

@@ -26,7 +26,6 @@ from .versions import (
     prune_plan,
     read_versions,
     remove_versions,
-    switch_link,
 )
 
 
@@ -216,15 +215,11 @@ def sync(opt: SyncOptions) -> dict[str, Any]:
         if state is None or state.to_dict() != verified.to_dict():
             write_json_atomic(opt.paths.state_file, verified.to_dict())
         remove_tree(opt.paths.staging)
-        synced = mark_synced(opt.home, label_of(opt.source.digest())) if opt.home else False
-        if opt.home and not opt.home.path.exists() and not opt.home.path.is_symlink():
-            # A host with no version in use yet: its model path shows the first verified copy at once (nothing
-            # to protect); the version in use (current) is still set only by promote, after the gates.
-            switch_link(opt.home, label_of(opt.source.digest()))
-            steps.append(f"linked {opt.home.path} to the first version {label_of(opt.source.digest())}")
+        if opt.home:
+            steps += mark_synced(opt.home, opt.paths.dest.name)
         plan.versions = steps
         changed = bool(done["moved"] or done["removed"] or done["linked"] or done["permissions"]
-                       or plan.of("adopt") or steps or synced)
+                       or plan.of("adopt") or steps)
         report = {"name": opt.name, "dest": str(opt.paths.dest), "changed": changed,
                   "manifest_sha256": opt.source.digest(), "total_bytes": opt.source.total_bytes,
                   "files": len(opt.source.files), "adopted": [f.path for f in plan.of("adopt")],

@@ -60,6 +60,11 @@ class ModelHome:
     def state_file(self, label: str) -> Path:
         return self.state_dir / f"{self.name}.{label}.manifest.json"
 
+    def version_of(self, folder: str | os.PathLike[str]) -> str | None:
+        """The version a folder is, or None for a folder that is not one of this model's version folders (a record
+        from before versions, or the source host's own copy)."""
+        return Path(folder).name if Path(folder).parent == self.versions_dir else None
+
     def link_target(self, label: str) -> str:
         """The configured path's link text for a version (relative: the tree can move as a whole)."""
         return f"{VERSIONS_DIR}/{self.path.name}/{label}"
@@ -163,13 +168,18 @@ def link_sources(home: ModelHome) -> list[tuple[Path, Manifest]]:
     return out
 
 
-def mark_synced(home: ModelHome, label: str) -> bool:
-    """Record that a verified copy of `label` was made (the version the next plan serves); True when it changed."""
+def mark_synced(home: ModelHome, label: str) -> list[str]:
+    """Record that a verified copy of `label` was made (the version the next plan serves; the sync's plan said so
+    already). A host with no version in use yet shows its first verified copy at the model's path at once (nothing
+    to protect); the version in use (current) is still set only by promote, after the gates. Returns that step."""
     doc = read_versions(home)
-    if doc.get("synced") == label:
-        return False
-    _write_versions(home, {**doc, "synced": label})
-    return True
+    done = []
+    if doc.get("synced") != label:
+        _write_versions(home, {**doc, "synced": label})
+    if not home.path.exists() and not home.path.is_symlink():
+        switch_link(home, label)
+        done.append(f"linked {home.path} to the first version {label}")
+    return done
 
 
 def made_versions(home: ModelHome) -> list[str]:
@@ -185,10 +195,10 @@ def prune_plan(home: ModelHome, keep: int, doc: dict[str, Any]) -> tuple[list[st
     the synced one or the one in use."""
     order = list(doc.get("order") or [])
     kept = set(order[-keep:]) | {x for x in (doc.get("current"), doc.get("synced")) if x}
-    drop = [v for v in made_versions(home) if v not in kept]
+    made = made_versions(home)
+    drop = [v for v in made if v not in kept]
     foreign = sorted(p.name for p in home.versions_dir.iterdir()
-                     if not p.name.startswith(".") and p.name not in made_versions(home)) \
-        if home.versions_dir.is_dir() else []
+                     if not p.name.startswith(".") and p.name not in made) if home.versions_dir.is_dir() else []
     return drop, foreign
 
 
@@ -242,8 +252,8 @@ def version_problem(home: ModelHome, folder: str, digest: str | None) -> str:
     there, the state must be the recorded manifest, and every file must match it by size and mtime."""
     from .describe import stamp
 
-    label = Path(folder).name
-    if Path(folder).parent != home.versions_dir:
+    label = home.version_of(folder)
+    if label is None:
         return ""  # recorded before versions (or the source host's own copy): nothing to check here
     if not Path(folder).is_dir():
         return (f"{home.name}: the version folder {folder} that the record names is gone (kept versions: "
