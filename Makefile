@@ -59,7 +59,7 @@ lint: setup ## ruff, mypy --strict, yamllint, ansible-lint (production profile),
 	$(MAKE) --no-print-directory syntax
 
 syntax: setup
-	@for pb in $(PLAYBOOKS); do $(BIN)/ansible-playbook --syntax-check -i inventory/production "$$pb" >/dev/null || exit 1; done
+	@$(BIN)/ansible-playbook --syntax-check -i inventory/production $(PLAYBOOKS) >/dev/null
 	@echo "syntax-check: $(words $(PLAYBOOKS)) playbooks OK"
 
 test-unit: setup ## fast tests, first and failing fast: planner, parsers, modules, filters, wiring (no lab, no SGLang env)

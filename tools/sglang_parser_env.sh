@@ -209,6 +209,8 @@ write_launcher() {
 set -euo pipefail
 export PYTHONNOUSERSITE=1
 export PYTHONPATH="$pythonpath"
+# Bytecode is written at the first import of a module (the build compiles nothing): the venv is this cache's own.
+unset PYTHONDONTWRITEBYTECODE
 exec "$VENV/bin/python" "\$@"
 EOF
   chmod +x "$CACHE/bin/python-$version"
@@ -237,16 +239,18 @@ build() {
     log "no CPU torch wheel in $WHEELHOUSE; PyPI's torch 2.13.0 (CUDA build) will be installed"
   fi
 
+  # --no-compile: the parser and the resolution rules import a small part of what is installed (torch, transformers,
+  # sglang itself); the launchers let Python write the bytecode of what they import, once.
   log "installing pinned import-time dependencies (torch, triton, ...)"
-  pip_quiet install "${find_links[@]}" --constraint "$constraints" "${TOP_LEVEL[@]}"
+  pip_quiet install --no-compile "${find_links[@]}" --constraint "$constraints" "${TOP_LEVEL[@]}"
 
   log "installing what the resolution rules import (--no-deps)"
-  pip_quiet install --no-deps "${RESOLUTION[@]}"
+  pip_quiet install --no-compile --no-deps "${RESOLUTION[@]}"
 
   local wheel
   wheel="$(download_wheel "$PRIMARY_VERSION")"
   log "installing $(basename "$wheel") --no-deps"
-  pip_quiet install --no-deps "$wheel"
+  pip_quiet install --no-compile --no-deps "$wheel"
   # The stand-ins of tests/stubs (an inert torchvision) on the path: the resolution rules' imports name it.
   write_launcher "$PRIMARY_VERSION" "$STUBS"
 
@@ -254,8 +258,6 @@ build() {
     wheel="$(download_wheel "$v")"
     log "unzipping $(basename "$wheel") into $CACHE/$v"
     "$VENV/bin/python" -m zipfile -e "$wheel" "$CACHE/$v"
-    # Byte-compiled like the installed packages (pip compiles them), for machines with PYTHONDONTWRITEBYTECODE set.
-    "$VENV/bin/python" -m compileall -q "$CACHE/$v" >/dev/null
     write_launcher "$v" "$CACHE/$v:$STUBS"
   done
 

@@ -76,7 +76,8 @@ def one_round_trip(run: subprocess.CompletedProcess[str]) -> None:
 
 @pytest.fixture(scope="module")
 def served(lab: LabHandle) -> LabHandle:
-    """ct200 as `make demo` leaves it: deployed through the gateway (a no-op when the demo already ran)."""
+    """ct200 as `make demo` leaves it: deployed through the gateway with the inventory's settings (a no-op when the demo
+    already ran; in the suite it follows test_deploy.py, so it only rolls the replicas back to the inventory's)."""
     deploy = play(lab, "deploy_dflash.yml")
     assert deploy.returncode == 0, deploy.stdout[-5000:]
     return lab
