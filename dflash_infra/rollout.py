@@ -325,7 +325,8 @@ def reconcile(state: Mapping[str, Any], workers: Sequence[str], plan: Mapping[st
     host the gateway fronts (serve_replica.yml): one that rolled was taken out and put back by its turn, one retired
     by the retirement (this host's `plan`, or the `rollout` of a host it fronts, `peers`), so neither is this step's.
     check: a --check run (the lines say what a run would do).
-    Returns `read` (whether the gateway answered), `add` [{url, name, args (smg-ctl's)}], `remove` [url] and `lines`
+    Returns `read` (whether the gateway answered), `add` [{url, name, env_file, key_file (the worker's API key, one of
+    the two)}], `remove` [url] and `lines`
     (what it does, for the run's output and --check)."""
     gw = state.get("gateway") or {}
     if not gw.get("asked"):
@@ -345,11 +346,11 @@ def reconcile(state: Mapping[str, Any], workers: Sequence[str], plan: Mapping[st
         if url in seen or url in done:
             continue
         replica = mine.get(url)
-        # smg-ctl's arguments after its gateway options: a replica of this host with its environment file's key,
-        # another host's with the endpoint's (a global option, before the subcommand).
-        args = (["add", "--worker", url, "--env-file", str(all_slots[int(replica["index"])]["env_file"])] if replica
-                else ["--key-file", key_file, "add", "--worker", url])
-        add.append({"url": url, "name": str(replica["name"]) if replica else url, "args": args})
+        # Where the worker's API key is read on the gateway's host (dflash_gateway_worker): a replica of this host
+        # from its environment file, another host's the endpoint's, from the gateway's credentials.
+        add.append({"url": url, "name": str(replica["name"]) if replica else url,
+                    "env_file": str(all_slots[int(replica["index"])]["env_file"]) if replica else None,
+                    "key_file": None if replica else key_file})
     remove = sorted(seen - set(wanted_urls) - done)
     added, removed = (("would be added back once ready (check mode)", "would be removed (check mode)") if check
                       else ("added back once ready", "removed"))

@@ -372,7 +372,7 @@ def test_a_replica_left_out_of_the_gateway_by_a_dead_run_goes_back_with_its_own_
     out = rollout.reconcile(state, [*urls, PEER], plan, SLOTS, KEY_FILE)
     assert out["read"] is True and out["remove"] == []
     assert out["add"] == [{"url": urls[1], "name": "sglang-qwen-r1.service",
-                           "args": ["add", "--worker", urls[1], "--env-file", f"{ENV}/sglang-qwen-r1.env"]}]
+                           "env_file": f"{ENV}/sglang-qwen-r1.env", "key_file": None}]
     assert out["lines"] == [f"sglang-qwen-r1.service ({urls[1]}) is a worker of the plan the gateway does not route "
                             "to: added back once ready"]
     checked = rollout.reconcile(state, [*urls, PEER], plan, SLOTS, KEY_FILE, check=True)
@@ -387,7 +387,7 @@ def test_another_hosts_replica_goes_back_with_the_endpoints_key_and_a_worker_bey
     state = {**host(2), "gateway": gateway_read([*urls, stale])}
     out = rollout.reconcile(state, [*urls, PEER + "/"], rollout.rollout(state, wanted(2), LEGACY, SLOTS), SLOTS,
                             KEY_FILE)
-    assert out["add"] == [{"url": PEER, "name": PEER, "args": ["--key-file", KEY_FILE, "add", "--worker", PEER]}]
+    assert out["add"] == [{"url": PEER, "name": PEER, "env_file": None, "key_file": KEY_FILE}]
     assert out["remove"] == [stale]
     assert out["lines"][1] == f"{stale} is routed to but not a worker of the plan: removed"
 

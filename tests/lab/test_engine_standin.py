@@ -1056,6 +1056,44 @@ def test_a_worker_is_drained_out_and_added_back_through_the_control_plane(routed
 
 
 @pytest.mark.smg_parser
+def test_the_rollouts_module_drains_adds_and_removes_a_worker_of_the_real_gateway(routed: Routed) -> None:
+    """dflash_gateway_worker (run for real with `ansible -m`, as the rollout runs it on the gateway's host): the same
+    code as smg-ctl (module_utils/dflash_gateway/ctl.py, which the role installs as smg-ctl). Check mode only looks;
+    each state is reached once (changed), then changes nothing; a failure names the worker and says why."""
+    sys.path.insert(0, str(REPO / "tests"))
+    from helpers import run_module
+
+    assert (GATEWAY_FILES / "smg-ctl").resolve() == REPO / "module_utils" / "dflash_gateway" / "ctl.py"
+    first = routed.workers[0]
+    gateway = {"url": routed.url, "credentials": str(routed.credentials)}
+
+    def worker(state: str, check: bool = False, **extra: Any) -> dict[str, Any]:
+        return run_module("dflash_gateway_worker", {"gateway": gateway, "worker": first, "state": state, **extra},
+                          check=check)
+
+    looked = worker("drained", check=True)
+    assert (looked["changed"], looked["state"]) == (True, "done"), looked
+    assert looked["detail"] == f"{first} is a worker of {routed.url}; it would be drained", looked
+    assert [w["url"] for w in ctl(routed.url, routed.credentials, "workers")[1]["workers"]] == routed.workers
+    drained = worker("drained")
+    assert drained["changed"] is True and not drained.get("failed"), drained
+    assert drained["detail"] == f"{first} drained and removed; the engine has no request running or waiting", drained
+    assert [w["url"] for w in ctl(routed.url, routed.credentials, "workers")[1]["workers"]] == [routed.workers[1]]
+    assert worker("drained")["changed"] is False and worker("absent")["changed"] is False
+    assert worker("present", check=True)["changed"] is True
+    added = worker("present")
+    assert added["changed"] is True and added["detail"] == f"{first} is ready behind {routed.url}", added
+    assert worker("present")["changed"] is False
+    assert ctl(routed.url, routed.credentials, "ready", "--workers", *routed.workers)[0] == 0
+    # A gateway that does not answer: the task fails naming the worker and what it found, never a traceback.
+    down = run_module("dflash_gateway_worker", {"gateway": {**gateway, "url": f"http://127.0.0.1:{free_port()}"},
+                                                "worker": first, "state": "present", "wait": 1, "timeout": 1})
+    assert down["failed"] is True and down["state"] == "failed", down
+    assert down["msg"].startswith(f"{first} (present): ") and "Connection refused" in down["msg"], down
+    assert "Traceback" not in json.dumps(down)
+
+
+@pytest.mark.smg_parser
 def test_the_host_read_sees_what_the_gateway_routes_to_and_a_worker_beyond_the_plan_is_removed(routed: Routed) -> None:
     """host_state's read of the gateway (its GET /workers with the control-plane key read on the host), which the
     rollout reconciles with the plan every run, before and after a worker leaves; smg-ctl's remove for a worker the
