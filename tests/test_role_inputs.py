@@ -20,9 +20,7 @@ ALLOWED: dict[tuple[str, str, tuple[str, ...]], str] = {
      ("proxmox_guest_stage",)): "the snapshot's stage names this call",
     ("deploy_dflash.yml", "Snapshot the container before the driver alignment changes packages",
      ("proxmox_guest_stage",)): "the snapshot's stage names this call",
-    ("deploy_dflash.yml", "Snapshot the container before the engine is installed or upgraded",
-     ("proxmox_guest_stage",)): "the snapshot's stage names this call",
-    ("playbooks/serve.yml", "Snapshot the container before the engine is installed or upgraded",
+    ("playbooks/tasks/serve_stage.yml", "Snapshot the container before the engine is installed or upgraded",
      ("proxmox_guest_stage",)): "the snapshot's stage names this call",
     ("playbooks/canary.yml", "Plan the candidate (the planner's checks, as for any plan)",
      ("serving_plan_fact", "serving_plan_speculative", "serving_plan_overrides")):
