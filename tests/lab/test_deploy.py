@@ -576,17 +576,17 @@ def test_an_api_key_and_a_new_plan_roll_through_a_power_off_and_the_keys_stay_ou
 def test_a_key_rotated_in_a_run_whose_gate_fails_holds_on_every_replica_and_the_gateway(
         fresh_lab: LabHandle, tmp_path: Path) -> None:
     """The endpoint's key rotated (GATEWAY_KEY -> ROTATED) in a run whose load gate through the gateway fails (the
-    previous figures through it written ten times faster): the gateway takes the new key first, every replica takes
-    it in its turn, the failed gate puts each restarted replica back on its last good unit, and the key of this run
-    stays in force, said by the play: the old key is refused (401) through the gateway and on every replica, the new
-    one served. A revoked key never comes back with a rollback."""
+    previous figures through it written a hundred times faster): the gateway takes the new key first, every replica
+    takes it in its turn, the failed gate puts each restarted replica back on its last good unit, and the key of this
+    run stays in force, said by the play: the old key is refused (401) through the gateway and on every replica, the
+    new one served. A revoked key never comes back with a rollback."""
     rotated = "lab-rotated-key-not-a-secret-51c9e0a4"
     extravars = {"dflash_service_api_key": rotated, "dflash_plan_overrides": {"mem_fraction_static": 0.75}}
     gateway_load = "/var/lib/dflash-infra/smg-gateway.load.json"
     recorded = fresh_lab.ssh("ct200", "cat", gateway_load).stdout
     first = json.loads(recorded)["load"]
     faster = {"recorded_at": "2026-12-01T00:00:00Z", "load": {**first, "figures": [
-        {**row, "output_tokens_per_s": row["output_tokens_per_s"] * 10} for row in first["figures"]]}}
+        {**row, "output_tokens_per_s": row["output_tokens_per_s"] * 100} for row in first["figures"]]}}
     (tmp_path / "faster.json").write_text(json.dumps(faster))
     (tmp_path / "recorded.json").write_text(recorded)
     fresh_lab.put("ct200", tmp_path / "faster.json", gateway_load)
