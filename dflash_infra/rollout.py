@@ -331,7 +331,7 @@ def reconcile(state: Mapping[str, Any], workers: Sequence[str], plan: Mapping[st
     gw = state.get("gateway") or {}
     if not gw.get("asked"):
         return {"read": False, "add": [], "remove": [], "lines": []}
-    if gw.get("status") != 200:
+    if gw.get("status") != 200 or gw.get("error"):  # no answer, a refusal, or an answer that is not a workers list
         detail = gw.get("error") or f"answered {gw.get('status')}"
         return {"read": False, "add": [], "remove": [],
                 "lines": [f"its workers were not read ({gw.get('url')}/workers: {detail}); a gateway that starts in "

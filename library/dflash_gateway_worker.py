@@ -64,7 +64,7 @@ def look(gateway: ctl.Gateway, worker: str, state: str) -> dict[str, Any]:
 def run(params: dict[str, Any], check: bool) -> dict[str, Any]:
     options = params["gateway"]
     credentials = Path(options["credentials"])
-    gateway = ctl.Gateway(options["url"], credentials, params["timeout"])
+    gateway = ctl.Gateway(options["url"], credentials / ctl.CONTROL_KEY, params["timeout"])
     args = argparse.Namespace(
         worker=params["worker"], wait=params["wait"], step=params["step"], credentials=credentials,
         env_file=Path(params["env_file"]) if params["env_file"] else None,

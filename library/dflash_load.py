@@ -91,9 +91,9 @@ from typing import TYPE_CHECKING, Any
 from ansible.module_utils.basic import AnsibleModule
 
 if TYPE_CHECKING:
-    from dflash_state.health import loopback_tls
+    from dflash_gateway.ctl import tls_context
 else:
-    from ansible.module_utils.dflash_state.health import loopback_tls
+    from ansible.module_utils.dflash_gateway.ctl import tls_context
 
 UNIT_PROPS = ("NRestarts", "InvocationID", "ActiveState")
 # The options a workload (the load gate's mapping) gives defaults for, each with its type and its own default.
@@ -175,7 +175,7 @@ class Client:
 
     def __init__(self, url: str, key: str, timeout: float) -> None:
         parts = urllib.parse.urlsplit(url)
-        self.tls = loopback_tls(url)  # the gateway's endpoint over TLS (docs/serving.md, "TLS")
+        self.tls = tls_context(url)  # the gateway's endpoint over TLS (docs/serving.md, "TLS")
         self.host, self.port = str(parts.hostname), parts.port or (443 if self.tls else 80)
         self.prefix = parts.path.rstrip("/")
         self.timeout = timeout

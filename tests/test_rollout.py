@@ -418,3 +418,9 @@ def test_a_gateway_not_read_is_left_to_its_own_start_and_said_so() -> None:
     assert (out["read"], out["add"], out["remove"]) == (False, [], [])
     assert out["lines"] == ["its workers were not read (http://127.0.0.1:30000/workers: [Errno 111] Connection "
                             "refused); a gateway that starts in this run registers every worker of its command line"]
+    # An answer that is not a list of workers is not read as "routes to nothing" (which would add every replica).
+    garbled = {**host(2), "gateway": {**gateway_read([]), "error": "GET /workers answered 200: {'workers': 'x'}"}}
+    out = rollout.reconcile(garbled, [w["url"] for w in wanted(2)],
+                            rollout.rollout(garbled, wanted(2), LEGACY, SLOTS), SLOTS, KEY_FILE)
+    assert (out["read"], out["add"], out["remove"]) == (False, [], []), out
+    assert "answered 200: {'workers': 'x'}" in out["lines"][0]

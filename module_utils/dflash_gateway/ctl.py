@@ -46,8 +46,10 @@ CONTROL_KEY = "control-plane-key"
 
 
 def tls_context(url: str) -> ssl.SSLContext | None:
-    """The gateway over TLS on this host's loopback address (dflash_endpoint_tls): encrypted, not checked against the
-    certificate's names (they are the endpoint's, not 127.0.0.1); only the host itself answers there."""
+    """The TLS context for this host's own HTTPS endpoint on a loopback address (the gateway serving the team's
+    certificate, whose names are the endpoint's, not 127.0.0.1): encrypted, not checked against the certificate's
+    names, which on loopback only the host itself can answer. None for plain HTTP; an HTTPS URL elsewhere gets
+    Python's verified default."""
     parts = urllib.parse.urlsplit(url)
     if parts.scheme != "https":
         return None
@@ -62,13 +64,29 @@ def tls_context(url: str) -> ssl.SSLContext | None:
     return context
 
 
+def opener(url: str, context: ssl.SSLContext | None = None) -> urllib.request.OpenerDirector:
+    """An opener for the endpoints this host reaches directly (its gateway, engines, a replica of another host):
+    never through a proxy of the environment (an http_proxy set for apt would otherwise carry them), HTTPS with
+    `context`, else as tls_context says."""
+    handlers: list[Any] = [urllib.request.ProxyHandler({})]
+    context = context or tls_context(url)
+    if context is not None:
+        handlers.append(urllib.request.HTTPSHandler(context=context))
+    return urllib.request.build_opener(*handlers)
+
+
 class Gateway:
-    def __init__(self, url: str, credentials: Path, timeout: float) -> None:
+    """The gateway's control plane, with the control-plane key of `key_file` (the credentials folder's
+    control-plane-key); no file, or one that cannot be read, is no key (a gateway that wants one answers 401)."""
+
+    def __init__(self, url: str, key_file: Path | None, timeout: float) -> None:
         self.url = url.rstrip("/")
-        self.context = tls_context(self.url)
+        self.opener = opener(self.url)
         self.timeout = timeout
-        key_file = credentials / CONTROL_KEY
-        self.key = key_file.read_text().strip() if key_file.exists() else ""
+        try:
+            self.key = key_file.read_text().strip() if key_file is not None else ""
+        except OSError:
+            self.key = ""
 
     def call(self, method: str, path: str, body: Any = None, auth: bool = True) -> tuple[int, Any]:
         data = None if body is None else json.dumps(body).encode()
@@ -78,7 +96,7 @@ class Gateway:
         if auth and self.key:
             request.add_header("Authorization", f"Bearer {self.key}")
         try:
-            with urllib.request.urlopen(request, timeout=self.timeout, context=self.context) as response:
+            with self.opener.open(request, timeout=self.timeout) as response:
                 raw = response.read()
                 status = response.status
         except urllib.error.HTTPError as exc:
@@ -90,18 +108,24 @@ class Gateway:
             return status, text.strip()[:300]
 
     def workers(self) -> list[dict[str, Any]]:
+        """GET /workers: [{url, id, status, healthy}]; GatewayError for any other answer."""
         status, body = self.call("GET", "/workers")
-        if status != 200 or not isinstance(body, dict):
-            raise GatewayError(f"GET /workers answered {status}: {body}")
-        return [{"url": w.get("url"), "id": w.get("id"), "status": w.get("status"), "healthy": w.get("is_healthy")}
-                for w in body.get("workers") or []]
+        workers = body.get("workers") if status == 200 and isinstance(body, dict) else None
+        if not isinstance(workers, list):
+            raise GatewayError(f"GET /workers answered {status}: {str(body)[:200]}", status)
+        return [{"url": str(w.get("url") or "").rstrip("/"), "id": w.get("id"), "status": w.get("status"),
+                 "healthy": w.get("is_healthy")} for w in workers if isinstance(w, dict)]
 
     def worker(self, url: str) -> dict[str, Any] | None:
         return next((w for w in self.workers() if w["url"] == url.rstrip("/")), None)
 
 
 class GatewayError(RuntimeError):
-    pass
+    """The gateway answered, but not what was asked (`status`: its HTTP status)."""
+
+    def __init__(self, detail: str, status: int | None = None) -> None:
+        super().__init__(detail)
+        self.status = status
 
 
 def ready(gw: Gateway, args: argparse.Namespace) -> dict[str, Any]:
@@ -155,7 +179,7 @@ def engine_load(url: str, key: str, timeout: float, credentials: Path | None = N
     if key:
         request.add_header("Authorization", f"Bearer {key}")
     try:
-        with urllib.request.urlopen(request, timeout=timeout, context=worker_context(url, credentials)) as response:
+        with opener(url, worker_context(url, credentials)).open(request, timeout=timeout) as response:
             body = json.loads(response.read() or b"{}")
     except urllib.error.HTTPError as exc:
         if exc.code == 401 and not key:
@@ -304,7 +328,7 @@ def main(argv: list[str]) -> int:
     if args.command == "init-key":
         out = init_key(args.credentials)
     else:
-        gw = Gateway(args.url, args.credentials, args.timeout)
+        gw = Gateway(args.url, args.credentials / CONTROL_KEY, args.timeout)
         commands: dict[str, Callable[[Gateway, argparse.Namespace], dict[str, Any]]] = {
             "ready": ready, "drain": drain, "add": add, "remove": remove, "workers": listed}
         try:
