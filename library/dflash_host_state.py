@@ -21,7 +21,7 @@ description:
     patterns treated as kernel side) and fact (the fact's name) stay on the controller.
 options:
   sections:
-    description: What to read; the default reads everything (host_state's read and refresh both do).
+    description: What to read; the default reads everything (the host_state role does, every time).
     type: list
     elements: str
     choices: [nvidia, userspace, files, accounts, units, venvs, training, models, ports, system, health, gateway]

@@ -21,8 +21,8 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 # deploy_dflash.yml -> serve_stage.yml -> replica_turns.yml -> serve_replica.yml -> sglang_service's converge.yml
-# -> apply.yml -> backup.yml (or gate.yml -> load.yml); and deploy_dflash.yml -> nvidia_userspace's main, work,
-# change, verify -> host_state's refresh -> read.
+# -> apply.yml -> backup.yml (or gate.yml -> load.yml), and serve_stage.yml -> gateway_load.yml ->
+# rollback_restarted.yml -> rollback_replica.yml -> sglang_service's rollback.yml -> restore.yml.
 MOST = 6
 TARGET = 4  # issue 44
 FILE_KEYS = ("import_tasks", "include_tasks")
