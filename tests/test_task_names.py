@@ -96,7 +96,7 @@ def test_the_walk_finds_the_projects_tasks() -> None:
     """The walk reaches every kind of file it is meant to (an empty glob would pass the tests below)."""
     where = {place.split(":")[0] for place, _ in every_task()}
     for expected in ("deploy_dflash.yml", "playbooks/serve.yml", "playbooks/tasks/serve_replica.yml",
-                     "roles/sglang_service/tasks/gate.yml", "molecule/sglang_service/verify.yml",
+                     "roles/sglang_service/tasks/converge.yml", "molecule/sglang_service/verify.yml",
                      "molecule/nvidia_userspace_common/reset.yml", "tests/lab/playbooks/verify_aligned.yml"):
         assert expected in where, f"no task found in {expected}"
     assert sum(1 for _ in every_task()) > 400
