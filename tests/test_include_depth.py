@@ -20,10 +20,9 @@ from typing import Any
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
-# deploy_dflash.yml -> serve_stage.yml -> replica_turns.yml -> serve_replica.yml -> sglang_service's converge.yml
-# -> apply.yml (or load.yml, record.yml, restore.yml); serve_stage.yml -> rollback_restarted.yml ->
-# rollback_replica.yml -> sglang_service's rollback.yml -> restore.yml; nvidia_userspace's main -> work -> change ->
-# verify -> host_state; serve_stage.yml -> sglang_engine's main -> install -> locked_venv's main -> install.
+# deploy_dflash.yml -> serve_stage.yml -> smg_gateway's main -> converge -> restore -> gate, and serve_stage.yml ->
+# rollback_restarted.yml -> rollback_replica.yml -> sglang_service's rollback.yml -> restore.yml. A replica's turn is
+# serve_stage.yml -> serve_replica.yml -> sglang_service's converge.yml -> apply.yml (or load, record, restore): 4.
 MOST = 5
 TARGET = 4  # issue 44
 FILE_KEYS = ("import_tasks", "include_tasks")
@@ -114,11 +113,11 @@ def test_the_deepest_chain_is_named() -> None:
 def test_a_chain_follows_task_files_and_roles() -> None:
     """The walk itself, on a chain the project has: task files beside each other, then a role's entry point and the
     files the role includes from its own tasks/."""
-    chain = deepest_from(ROOT / "playbooks" / "tasks" / "replica_turns.yml")
+    chain = deepest_from(ROOT / "playbooks" / "tasks" / "serve_replica.yml")
     names = [str(p.relative_to(ROOT)) for p in chain]
-    assert names[:3] == ["playbooks/tasks/replica_turns.yml", "playbooks/tasks/serve_replica.yml",
-                         "roles/sglang_service/tasks/converge.yml"], names
-    assert names[3] in [f"roles/sglang_service/tasks/{step}.yml" for step in ("apply", "load", "record", "restore")], \
+    assert names[:2] == ["playbooks/tasks/serve_replica.yml", "roles/sglang_service/tasks/converge.yml"], names
+    assert names[2] in [f"roles/sglang_service/tasks/{step}.yml" for step in ("apply", "load", "record", "restore")], \
         names
     stage = deepest_from(ROOT / "playbooks" / "tasks" / "serve_stage.yml")
-    assert len(deepest_chains()[ROOT / "deploy_dflash.yml"]) == len(stage) == len(chain) + 1 == MOST
+    assert len(chain) == 3  # a replica's turn: the turn, the engine's converge, one of its steps
+    assert len(deepest_chains()[ROOT / "deploy_dflash.yml"]) == len(stage) == MOST

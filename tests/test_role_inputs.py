@@ -39,7 +39,7 @@ ALLOWED: dict[tuple[str, str, tuple[str, ...]], str] = {
     ("playbooks/status.yml", "Render the units the plan would give the host, on the controller",
      ("sglang_service_engine", "sglang_service_candidates")):
         "rendered on the controller for every replica, with the engine the host's lock names (none is installed)",
-    ("playbooks/tasks/replica_turns.yml", "Take the turns, one replica at a time",
+    ("playbooks/tasks/serve_replica.yml", "Take the turn of replica {{ _serve_index }}",
      ("sglang_service_name", "sglang_service_paths", "sglang_service_plan", "sglang_service_done")):
         "one replica's unit name, paths and plan per turn",
     ("playbooks/tasks/rollback_replica.yml",
