@@ -20,10 +20,10 @@ from typing import Any
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
-# deploy_dflash.yml -> serve_stage.yml -> smg_gateway's main -> converge -> restore -> gate, and serve_stage.yml ->
-# rollback_restarted.yml -> rollback_replica.yml -> sglang_service's rollback.yml -> restore.yml. A replica's turn is
-# serve_stage.yml -> serve_replica.yml -> sglang_service's converge.yml -> apply.yml (or load, record, restore): 4.
-MOST = 5
+# Every chain is at most 4 deep, e.g. deploy_dflash.yml -> nvidia_userspace's main -> change -> verify -> host_state,
+# serve_stage.yml -> rollback_restarted.yml -> rollback_replica.yml -> sglang_service's rollback.yml, and a replica's
+# turn: serve_stage.yml -> serve_replica.yml -> sglang_service's converge.yml -> apply.yml (or load, record, rollback).
+MOST = 4
 TARGET = 4  # issue 44
 FILE_KEYS = ("import_tasks", "include_tasks")
 ROLE_KEYS = ("import_role", "include_role")
@@ -116,8 +116,9 @@ def test_a_chain_follows_task_files_and_roles() -> None:
     chain = deepest_from(ROOT / "playbooks" / "tasks" / "serve_replica.yml")
     names = [str(p.relative_to(ROOT)) for p in chain]
     assert names[:2] == ["playbooks/tasks/serve_replica.yml", "roles/sglang_service/tasks/converge.yml"], names
-    assert names[2] in [f"roles/sglang_service/tasks/{step}.yml" for step in ("apply", "load", "record", "restore")], \
+    assert names[2] in [f"roles/sglang_service/tasks/{step}.yml" for step in ("apply", "load", "record", "rollback")], \
         names
     stage = deepest_from(ROOT / "playbooks" / "tasks" / "serve_stage.yml")
     assert len(chain) == 3  # a replica's turn: the turn, the engine's converge, one of its steps
+    assert MOST == TARGET
     assert len(deepest_chains()[ROOT / "deploy_dflash.yml"]) == len(stage) == MOST

@@ -127,7 +127,9 @@ def test_the_first_gateway_deploy_migrates_the_single_process_unit_and_serves_ev
     assert re.search(r"load at concurrency 32: 32 requests, 0 failed, [0-9.]+ output tok/s, [0-9.]+ req/s, "
                      r"acceptance length [0-9.]+ \(verify count \d+\), TTFT p50/p99 [0-9.]+/[0-9.]+ ms, "
                      r"ITL p50/p99 [0-9.]+/[0-9.]+ ms", out), out[-3000:]
-    assert figures["ttft_ms_p50"] > 0 and figures["itl_ms_p50"] > 0, figures
+    # A median gap between streamed chunks may round to 0.0 ms on a busy machine (chunks read back to back).
+    assert figures["ttft_ms_p50"] > 0 and 0 <= figures["itl_ms_p50"] <= figures["itl_ms_p99"], figures
+    assert figures["itl_ms_p99"] > 0, figures
     # The gateway from its lab lock, hashes required; its record names that lock.
     lock = ROOT / "locks" / "smg-1.13.0-py3.11-x86_64-manylinux_2_34.txt"
     gateway = json.loads(routed.ssh("ct200", "cat", "/var/lib/dflash-infra/smg-gateway.json").stdout)
