@@ -96,8 +96,9 @@ def test_a_healthy_speculative_engine_passes_with_its_figures_read_where_0523_pu
 
 def test_acceptance_collapsing_at_concurrency_fails_the_gate(key_file: Path) -> None:
     # Decode steps long enough that the four workers overlap even on a busy machine (a request that starts alone keeps
-    # its acceptance).
-    httpd, _ = serve(accept_collapse=True, step_s=0.01)
+    # its acceptance and lasts about 11 steps: at 10 ms a step, workers started 0.1 s apart on a loaded machine ran
+    # alone and the mean at concurrency 4 stayed near 2; at 30 ms they have a third of a second).
+    httpd, _ = serve(accept_collapse=True, step_s=0.03)
     try:
         figures = loadgate.run_figures(load(httpd, key_file, [1, 4])["runs"])
     finally:
