@@ -1012,7 +1012,7 @@ def check_the_hop_over_tls(routed: LabHandle, tmp_path: Path, ct200: str, ct201:
     assert "LoadCredential=tls-ca:" in routed.ssh("ct200", "systemctl", "cat", "smg-gateway.service").stdout
     hopped = group_play("ct200,ct201", extra=extra)  # the gateway restarts for its new worker URL: its one outage
     out = " ".join(hopped.stdout.split())
-    assert hopped.returncode == 0, out[-5000:]
+    assert hopped.returncode == 0, failures(out)
     load = Load(f"http://{ct200}:30000", tmp_path / "hop-load")
     worker = f"https://{ct201}:30001"
     unit = routed.ssh("ct201", "systemctl", "cat", "sglang-qwen-r0.service").stdout
