@@ -42,7 +42,7 @@ _BEAT = 'stat -c %Y {p} 2>/dev/null || echo 0; cat {p} 2>/dev/null || true'
 ACQUIRE = ('d=$(dirname {p}) && mkdir -p "$d" && t="$d/.deploy-lock.$$" && printf "%s\\n" {j} > "$t" && '
            'if ln "$t" {p} 2>/dev/null; then rm -f "$t"; echo ACQUIRED; else rm -f "$t"; echo HELD; fi; ' + _BEAT)
 TAKE_OVER = ('d=$(dirname {p}) && t="$d/.deploy-lock.$$" && printf "%s\\n" {j} > "$t" && '
-             'if [ "$(cat {p} 2>/dev/null)" = {old} ]; then mv -f "$t" {p}; echo ACQUIRED; '
+             'if [ "$(cat {p} 2>/dev/null)" = {old} ]; then mv -f "$t" {p} && echo ACQUIRED; '
              'else rm -f "$t"; echo HELD; fi; ' + _BEAT)
 RELEASE = ('if [ "$(cat {p} 2>/dev/null)" = {j} ]; then rm -f {p}; echo RELEASED; else echo KEPT; fi; ' + _BEAT)
 READ = 'echo READ; ' + _BEAT
@@ -114,7 +114,8 @@ class ActionModule(ActionBase):  # type: ignore[misc]  # ansible ships no type i
                 return {**result, "failed": True, "changed": False, "held_by": held,
                         "msg": f"{host}: this run no longer holds the deploy lock ({path}): "
                                + (f"{host_lock.describe(held)} took it over" if held else "it is gone")
-                               + ". Stopping before changing anything more; see what that run did, then deploy again"}
+                               + f" (this run: pid {me['pid']}, since {me['started_at']}). Stopping before changing "
+                               "anything more; see what that run did, then deploy again"}
             return {**result, "changed": False, "heartbeat": True}
         if state == "released":
             word, held = shell(RELEASE)

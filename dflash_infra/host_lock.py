@@ -2,10 +2,12 @@
 
 The lock is a JSON file on the host (dflash_host_lock module, created atomically); what it says of its holder is
 made on the controller (action_plugins/dflash_host_lock.py): the user, the controller's host name, the pid of the
-ansible-playbook process and that process's start time, which also tells a recycled pid apart. Its modification time
-is the run's heartbeat: the run touches it at each stage and replica turn, and the engine's readiness probe on every
-attempt while a turn waits. A holder on this controller whose process is gone is dead; one on another controller is
-trusted until its heartbeat is older than the stale limit (15 min by default).
+ansible-playbook process and that process's start (in clock ticks after the controller's boot, exact, so a recycled
+pid is told apart; and as a UTC time for people, which moves with the controller's clock and is compared only in a
+lock written before the ticks were kept). Its modification time is the run's heartbeat: the run touches it at each
+stage and replica turn, and the engine's readiness probe on every attempt while a turn waits. A holder on this
+controller whose process is gone is dead; one on another controller is trusted until its heartbeat is older than the
+stale limit (15 min by default).
 """
 
 from __future__ import annotations
@@ -15,31 +17,48 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-HOLDER_KEYS = ("owner", "controller", "pid", "started_at", "playbook")
+HOLDER_KEYS = ("owner", "controller", "pid", "start_ticks", "started_at", "playbook")
+
+
+def process_start_ticks(pid: int, proc: str = "/proc") -> int | None:
+    """When process `pid` started, in clock ticks after boot (field 22 of its stat): fixed for the process's life and
+    exact, unlike a wall-clock time made from it; None when gone."""
+    try:
+        with open(f"{proc}/{pid}/stat", encoding="ascii", errors="replace") as fh:
+            return int(fh.read().rsplit(")", 1)[1].split()[19])
+    except (OSError, IndexError, ValueError):
+        return None
 
 
 def process_started_at(pid: int, proc: str = "/proc") -> str | None:
-    """When process `pid` started (UTC, ISO 8601, whole seconds), from its stat and the boot time; None when gone."""
+    """When process `pid` started (UTC, ISO 8601, whole seconds), from its start and the boot time; None when gone.
+    For people only: the kernel's boot time is the clock's time minus the time since boot, so it moves when the
+    clock is set, and the same process can be given another second."""
+    ticks = process_start_ticks(pid, proc)
     try:
-        with open(f"{proc}/{pid}/stat", encoding="ascii", errors="replace") as fh:
-            fields = fh.read().rsplit(")", 1)[1].split()
         with open(f"{proc}/stat", encoding="ascii") as fh:
             boot = next(int(line.split()[1]) for line in fh if line.startswith("btime "))
     except (OSError, IndexError, StopIteration, ValueError):
         return None
-    ticks = int(fields[19])  # field 22 of stat: starttime, in clock ticks after boot
+    if ticks is None:
+        return None
     started = boot + ticks // os.sysconf("SC_CLK_TCK")
     return dt.datetime.fromtimestamp(started, dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def holder(owner: str, controller: str, pid: int, playbook: str, proc: str = "/proc") -> dict[str, Any]:
     """This run as a lock holder: the same answer for every task of the run."""
-    return {"owner": owner, "controller": controller, "pid": pid,
+    return {"owner": owner, "controller": controller, "pid": pid, "start_ticks": process_start_ticks(pid, proc),
             "started_at": process_started_at(pid, proc) or "unknown", "playbook": playbook}
 
 
 def same_run(a: Mapping[str, Any] | None, b: Mapping[str, Any] | None) -> bool:
-    return bool(a and b) and all((a or {}).get(k) == (b or {}).get(k) for k in ("controller", "pid", "started_at"))
+    """Whether two holders are one run: its controller, pid and start (in ticks; by its start time where a holder was
+    written before the ticks were kept)."""
+    if not (a and b):
+        return False
+    start = "start_ticks" if a.get("start_ticks") is not None and b.get("start_ticks") is not None else "started_at"
+    return all(a.get(k) == b.get(k) for k in ("controller", "pid", start))
 
 
 def staleness(current: Mapping[str, Any], controller: str, now: dt.datetime, stale_after_s: int,
@@ -48,7 +67,10 @@ def staleness(current: Mapping[str, Any], controller: str, now: dt.datetime, sta
     file's modification time; its start time when none is known) older than the stale limit."""
     if current.get("controller") == controller:
         pid = current.get("pid")
-        if not isinstance(pid, int) or process_started_at(pid, proc) != current.get("started_at"):
+        alive = isinstance(pid, int) and (
+            process_start_ticks(pid, proc) == current["start_ticks"] if current.get("start_ticks") is not None
+            else process_started_at(pid, proc) == current.get("started_at"))
+        if not alive:
             return f"its process {pid} on this controller ({controller}) is gone"
         return ""
     if heartbeat is not None:

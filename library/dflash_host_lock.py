@@ -9,11 +9,11 @@ short_description: Take or give back the host's one-deploy-at-a-time lock
 description:
   - Runs as its action plugin (action_plugins/dflash_host_lock.py), with one shell command on the host per call; this
     file documents it.
-  - The lock is a JSON file naming its holder (owner, controller, pid, started_at, playbook), written whole to a
-    temporary file and hard-linked into place, so of two runs exactly one gets it and no reader sees half a lock; the
-    holder taking it again is a no-op. A lock of another live run fails the task at once, naming that run. A dead
-    run's lock (its process gone from this controller, or its heartbeat older than I(stale_after_s)) is replaced
-    with a warning naming it.
+  - The lock is a JSON file naming its holder (owner, controller, pid, start_ticks, started_at, playbook; a run is its
+    controller, pid and start_ticks), written whole to a temporary file and hard-linked into place, so of two runs
+    exactly one gets it and no reader sees half a lock; the holder taking it again is a no-op. A lock of another live
+    run fails the task at once, naming that run. A dead run's lock (its process gone from this controller, or its
+    heartbeat older than I(stale_after_s)) is replaced with a warning naming it.
   - The lock file's modification time is the run's heartbeat. C(state=heartbeat) touches it (each stage and replica
     turn does; the engine's readiness probe touches it on every attempt while a turn waits) and fails when this run
     no longer holds the lock.

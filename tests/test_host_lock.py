@@ -25,12 +25,43 @@ def test_a_holder_names_its_process_by_pid_and_start_time_and_a_recycled_pid_is_
     assert alive["started_at"] == host_lock.process_started_at(os.getpid()) != "unknown"
     now = dt.datetime.now(dt.UTC)
     assert host_lock.staleness(alive, socket.gethostname(), now, 7200) == ""
-    recycled = {**alive, "started_at": "2020-01-01T00:00:00Z"}  # same pid, another process
+    recycled = {**alive, "start_ticks": alive["start_ticks"] + 1, "started_at": "2020-01-01T00:00:00Z"}  # another
     assert "is gone" in host_lock.staleness(recycled, socket.gethostname(), now, 7200)
     elsewhere = {**alive, "controller": "laptop-of-someone"}
     assert host_lock.staleness(elsewhere, socket.gethostname(), now, 7200) == ""  # cannot see it: trusted
     old = {**elsewhere, "started_at": (now - dt.timedelta(hours=3)).strftime("%Y-%m-%dT%H:%M:%SZ")}
     assert host_lock.staleness(old, socket.gethostname(), now, 7200) == "it started 3.0 h ago, more than 2 h"
+
+
+def fake_proc(root: Path, pid: int, ticks: int, btime: int) -> Path:
+    """A /proc with one process (its stat's field 22, the start in ticks) and the kernel's boot time."""
+    (root / str(pid)).mkdir(parents=True, exist_ok=True)
+    (root / str(pid) / "stat").write_text(f"{pid} (ansible-playboo) S 1 {pid} {pid} 0 -1 " + "0 " * 13 + f"{ticks} 0\n")
+    (root / "stat").write_text(f"cpu  1 2 3 4\nbtime {btime}\nprocesses 9\n")
+    return root
+
+
+def test_a_run_stays_itself_when_the_clock_is_set_and_a_recycled_pid_is_not_it(tmp_path: Path) -> None:
+    """The boot time the kernel gives is the clock's time minus the time since boot: when the clock is set, the same
+    process gets another start time. The run is its start in ticks, which never moves; its start time is for people."""
+    proc = fake_proc(tmp_path / "proc", 4242, ticks=1_000_050, btime=1_796_619_800)
+    run = host_lock.holder("root", "vm", 4242, "deploy_dflash.yml", proc=str(proc))
+    started = dt.datetime.fromtimestamp(1_796_619_800 + 1_000_050 // os.sysconf("SC_CLK_TCK"), dt.UTC)
+    assert run["start_ticks"] == 1_000_050 and run["started_at"] == f"{started:%Y-%m-%dT%H:%M:%SZ}"
+    fake_proc(proc, 4242, ticks=1_000_050, btime=1_796_619_801)  # the clock set forward by under a second
+    later = host_lock.holder("root", "vm", 4242, "deploy_dflash.yml", proc=str(proc))
+    assert later["started_at"] != run["started_at"] and host_lock.same_run(run, later)
+    now = dt.datetime.now(dt.UTC)
+    assert host_lock.staleness(run, "vm", now, 900, proc=str(proc)) == ""
+    fake_proc(proc, 4242, ticks=2_000_000, btime=1_796_619_801)  # pid 4242 recycled by another process
+    recycled = host_lock.holder("root", "vm", 4242, "deploy_dflash.yml", proc=str(proc))
+    assert not host_lock.same_run(run, recycled)
+    gone = host_lock.staleness(run, "vm", now, 900, proc=str(proc))
+    assert gone == "its process 4242 on this controller (vm) is gone"
+    # A lock written before the ticks were kept is told by its start time, as it was.
+    older = {k: v for k, v in recycled.items() if k != "start_ticks"}
+    assert host_lock.same_run(older, recycled) and not host_lock.same_run(older, run)
+    assert host_lock.staleness(older, "vm", now, 900, proc=str(proc)) == ""
 
 
 def test_a_free_host_is_locked_and_a_dead_runs_lock_is_taken_over_with_a_warning(tmp_path: Path) -> None:
@@ -138,6 +169,6 @@ def test_a_runs_heartbeat_touches_its_lock_and_stops_the_run_once_another_run_to
     assert proc.returncode == 2, proc.stdout[-3000:]
     assert "ok=6" in proc.stdout and "failed=1" in proc.stdout and "never reached" not in proc.stdout, proc.stdout
     assert (f"localhost: this run no longer holds the deploy lock ({path}): deploy_dflash.yml run by tester on "
-            f"laptop-of-someone (pid 1, since {me()['started_at']}) took it over. Stopping before changing anything "
-            "more") in " ".join(proc.stdout.split()), proc.stdout[-3000:]
+            f"laptop-of-someone (pid 1, since {me()['started_at']}) took it over (this run: pid ") in \
+        " ".join(proc.stdout.split()), proc.stdout[-3000:]
     assert json.loads(path.read_text()) == other  # the other run's lock stays
