@@ -228,10 +228,24 @@ def serves_as_recorded(state: Mapping[str, Any], record: Mapping[str, Any] | Non
     """Whether the engine that runs now is the very process that passed the gates: the unit's InvocationID is the
     one in the deployment record, and its /health answered 200 when host_state read it (`url`: the engine's base
     URL). Such an engine is not gated again."""
+    return not not_as_recorded(state, record, unit, url)
+
+
+def not_as_recorded(state: Mapping[str, Any], record: Mapping[str, Any] | None, unit: str, url: str) -> str:
+    """Why the engine that runs now is not the one the record names ('' when it is), said where a run gates an
+    engine it did not restart: after an automatic rollback, the engine the rollback started is a process no record
+    names, so the next run gates and records it (a change nobody asked for, unless said)."""
     invocation = (((record or {}).get("gates") or {}).get("unit") or {}).get("InvocationID") or ""
-    props = (state.get("units") or {}).get(unit) or {}
+    running = ((state.get("units") or {}).get(unit) or {}).get("InvocationID") or ""
     health = ((state.get("health") or {}).get(f"{url}/health") or {}).get("status")
-    return bool(invocation) and invocation == props.get("InvocationID") and health == 200
+    if not invocation:
+        return "no deployment record names the running engine"
+    if invocation != running:
+        return (f"the running engine is invocation {running[:12] or 'none'}, the record names {invocation[:12]} (a "
+                "rollback or systemd started it since)")
+    if health != 200:
+        return f"its /health answered {health or 'nothing'} when the host was read"
+    return ""
 
 
 def service_converged(state: Mapping[str, Any], paths: Mapping[str, str], unit: str, account: Mapping[str, str],

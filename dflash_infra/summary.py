@@ -130,6 +130,8 @@ def replica_lines(replicas: Sequence[Mapping[str, Any]], url: str, model_name: s
             continue
         did = ("drained, restarted and added back" if r.get("drained") else "unchanged" if not r.get("restarted")
                else "started" if r.get("action") == "start" else "restarted")
+        if not r.get("restarted") and r.get("gated_again"):
+            did += f", gated again and recorded as {r['gated_again']}"
         out.append(head + f"{did}; gates {gates.get('state') or '?'} ({gates.get('detail') or ''})")
         out += load_lines(r.get("load"), "  ")
     return out

@@ -276,6 +276,19 @@ def test_a_replica_takes_no_turn_only_when_a_turn_would_do_nothing() -> None:
         state = copy.deepcopy(host)
         change(state)
         assert not converged(state), what
+    # Why an engine the run did not restart is gated again, said where its gates are shown (after an automatic
+    # rollback the engine it started is a process no record names).
+    record = host["files"][slot["record"]]["json"]
+    assert serving.not_as_recorded(host, record, slot["name"], url) == ""
+    restored = copy.deepcopy(host)
+    restored["units"][slot["name"]]["InvocationID"] = "inv-2"
+    assert serving.not_as_recorded(restored, record, slot["name"], url) == (
+        "the running engine is invocation inv-2, the record names inv-1 (a rollback or systemd started it since)")
+    assert serving.not_as_recorded(host, None, slot["name"], url) == "no deployment record names the running engine"
+    unhealthy = copy.deepcopy(host)
+    unhealthy["health"][f"{url}/health"] = {"status": 503}
+    assert serving.not_as_recorded(unhealthy, record, slot["name"], url) == (
+        "its /health answered 503 when the host was read")
 
 
 def test_the_turns_are_the_running_replicas_and_the_converged_keep_their_record_in_the_summary() -> None:

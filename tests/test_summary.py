@@ -101,6 +101,17 @@ def test_behind_the_gateway_each_replica_is_named_with_its_gpus_what_the_run_did
         "replica 2: sglang-qwen-r2.service on GPUs 4,5 at http://127.0.0.1:30003, started; gates ready "
         "(generated 16 tokens)"]
     assert not any(line.startswith("gates:") for line in lines)  # the single engine's lines are not shown
+    # An engine the run did not restart but gated again (not the process its record named) says why: the record's
+    # rewrite is the run's change.
+    again = [{**replicas[0], "restarted": False, "drained": False,
+              "gated_again": "the running engine is invocation inv-2, the record names inv-1 (a rollback or systemd "
+                             "started it since)"}]
+    regated = summary.lines(host="ct200", groups=["pro6000"], check_mode=False,
+                            **inputs(replicas=again, gateway_unit="smg-gateway.service", gateway=record))
+    assert regated[-1] == (
+        "replica 1: sglang-qwen-r1.service on GPUs 2,3 at http://127.0.0.1:30002, unchanged, gated again and recorded "
+        "as the running engine is invocation inv-2, the record names inv-1 (a rollback or systemd started it since); "
+        "gates ready (generated 16 tokens)")
     # The load gate's figures through the gateway, under the gateway's line.
     through = {"figures": [{"concurrency": 96, "requests": 128, "failed": 0, "output_tokens_per_s": 30000.5,
                             "requests_per_s": 460.1, "accept_length_mean": 5.7, "verify_ct": 1450}]}
