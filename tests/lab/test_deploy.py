@@ -510,14 +510,22 @@ def test_an_api_key_and_a_new_plan_roll_through_a_power_off_and_the_keys_stay_ou
     out = stdout(again)
     assert again.rc == 0, out[-5000:]
     flat = " ".join(out.split())
-    did = dict(re.findall(r"replica (\d): \S+ on GPUs [\d,]+ at \S+ ([a-z ,]+); gates ready", flat))
+    found = re.findall(r"replica (\d): \S+ on GPUs [\d,]+ at \S+ ([a-z ,]+?)(?:, gated again and recorded as ([^;]+))?;"
+                       r" gates ready", flat)
+    did = {index: action for index, action, _ in found}
+    why = {index: reason for index, _, reason in found if reason}
     # Every replica on its old unit is restarted on the new one (drained first when the gateway routes to it: after
-    # the boot that depends on when smg's health checks took it back); r0 on its new unit is only gated, not
-    # restarted; a replica that did not come back after the power-off is started.
+    # the boot that depends on when smg's health checks took it back); r0 on its new unit is not restarted, only
+    # gated again, and says why (the engine the boot started is not the process any record names); a replica that
+    # did not come back after the power-off is started.
     rolled = {"drained, restarted and added back", "restarted"}
     expected = {"0": {"unchanged"} if r0_on_new_unit else rolled, **dict.fromkeys("123", rolled)}
     expected.update({str(health.index(url)): {"started"} for url in down})
     assert sorted(did) == sorted(expected) and all(did[i] in expected[i] for i in did), (r0_on_new_unit, down, did)
+    assert list(why) == (["0"] if did["0"] == "unchanged" else []), why
+    assert all(re.fullmatch(r"the running engine is invocation \w+, the record names \w+ \(a rollback or systemd "
+                            r"started it since\)|no deployment record names the running engine", reason)
+               for reason in why.values()), why
     record = json.loads(fresh_lab.ssh("ct200", "cat", R0_RECORD).stdout)
     assert record["plan"]["mem_fraction_static"] == 0.75
     assert "--mem-fraction-static" in record["args"] and "0.75" in record["args"]
