@@ -35,21 +35,32 @@ def process_started_at(pid: int, proc: str = "/proc") -> str | None:
     For people only: the kernel's boot time is the clock's time minus the time since boot, so it moves when the
     clock is set, and the same process can be given another second."""
     ticks = process_start_ticks(pid, proc)
+    if ticks is None:
+        return None
     try:
         with open(f"{proc}/stat", encoding="ascii") as fh:
             boot = next(int(line.split()[1]) for line in fh if line.startswith("btime "))
     except (OSError, IndexError, StopIteration, ValueError):
         return None
-    if ticks is None:
-        return None
     started = boot + ticks // os.sysconf("SC_CLK_TCK")
     return dt.datetime.fromtimestamp(started, dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+def running(controller: str, pid: int, proc: str = "/proc") -> dict[str, Any] | None:
+    """Process `pid` of this controller as the part of a holder that tells a run (controller, pid, its start in
+    ticks and as a time); None when no such process runs."""
+    ticks = process_start_ticks(pid, proc)
+    if ticks is None:
+        return None
+    return {"controller": controller, "pid": pid, "start_ticks": ticks,
+            "started_at": process_started_at(pid, proc) or "unknown"}
+
+
 def holder(owner: str, controller: str, pid: int, playbook: str, proc: str = "/proc") -> dict[str, Any]:
     """This run as a lock holder: the same answer for every task of the run."""
-    return {"owner": owner, "controller": controller, "pid": pid, "start_ticks": process_start_ticks(pid, proc),
-            "started_at": process_started_at(pid, proc) or "unknown", "playbook": playbook}
+    me = running(controller, pid, proc) or {"controller": controller, "pid": pid, "start_ticks": None,
+                                             "started_at": "unknown"}
+    return {"owner": owner, **me, "playbook": playbook}
 
 
 def same_run(a: Mapping[str, Any] | None, b: Mapping[str, Any] | None) -> bool:
@@ -67,10 +78,7 @@ def staleness(current: Mapping[str, Any], controller: str, now: dt.datetime, sta
     file's modification time; its start time when none is known) older than the stale limit."""
     if current.get("controller") == controller:
         pid = current.get("pid")
-        alive = isinstance(pid, int) and (
-            process_start_ticks(pid, proc) == current["start_ticks"] if current.get("start_ticks") is not None
-            else process_started_at(pid, proc) == current.get("started_at"))
-        if not alive:
+        if not (isinstance(pid, int) and same_run(current, running(controller, pid, proc))):
             return f"its process {pid} on this controller ({controller}) is gone"
         return ""
     if heartbeat is not None:

@@ -62,6 +62,13 @@ def test_a_run_stays_itself_when_the_clock_is_set_and_a_recycled_pid_is_not_it(t
     older = {k: v for k, v in recycled.items() if k != "start_ticks"}
     assert host_lock.same_run(older, recycled) and not host_lock.same_run(older, run)
     assert host_lock.staleness(older, "vm", now, 900, proc=str(proc)) == ""
+    # Once the process is gone, a lock of either kind names a dead run, and the process has no start time.
+    (proc / "4242" / "stat").unlink()
+    assert host_lock.process_started_at(4242, proc=str(proc)) is None
+    assert host_lock.running("vm", 4242, str(proc)) is None
+    assert host_lock.holder("root", "vm", 4242, "deploy_dflash.yml", proc=str(proc))["start_ticks"] is None
+    for lock in (run, older, {**older, "started_at": "unknown"}):
+        assert host_lock.staleness(lock, "vm", now, 900, proc=str(proc)) == gone, lock
 
 
 def test_a_free_host_is_locked_and_a_dead_runs_lock_is_taken_over_with_a_warning(tmp_path: Path) -> None:
