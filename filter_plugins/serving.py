@@ -39,7 +39,6 @@ class FilterModule:
             "dflash_service_todo": serving.service_todo,
             "dflash_service_done": serving.service_done,
             "dflash_service_converged": serving.service_converged,
-            "dflash_serves_as_recorded": serving.serves_as_recorded,
             "dflash_not_as_recorded": serving.not_as_recorded,
             "dflash_serving_paths": serving.service_paths,
             "dflash_serving_exec_start": serving.exec_start_lines,
