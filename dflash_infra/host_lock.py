@@ -31,12 +31,15 @@ def process_start_ticks(pid: int, proc: str = "/proc") -> int | None:
 
 
 def process_started_at(pid: int, proc: str = "/proc") -> str | None:
-    """When process `pid` started (UTC, ISO 8601, whole seconds), from its start and the boot time; None when gone.
-    For people only: the kernel's boot time is the clock's time minus the time since boot, so it moves when the
-    clock is set, and the same process can be given another second."""
+    """When process `pid` started (UTC, ISO 8601, whole seconds); None when gone."""
     ticks = process_start_ticks(pid, proc)
-    if ticks is None:
-        return None
+    return None if ticks is None else started_at(ticks, proc)
+
+
+def started_at(ticks: int, proc: str = "/proc") -> str | None:
+    """A start `ticks` clock ticks after boot as a time (UTC, ISO 8601, whole seconds), from the boot time; None when
+    that cannot be read. For people only: the kernel's boot time is the clock's time minus the time since boot, so it
+    moves when the clock is set, and the same process can be given another second."""
     try:
         with open(f"{proc}/stat", encoding="ascii") as fh:
             boot = next(int(line.split()[1]) for line in fh if line.startswith("btime "))
@@ -53,7 +56,7 @@ def running(controller: str, pid: int, proc: str = "/proc") -> dict[str, Any] | 
     if ticks is None:
         return None
     return {"controller": controller, "pid": pid, "start_ticks": ticks,
-            "started_at": process_started_at(pid, proc) or "unknown"}
+            "started_at": started_at(ticks, proc) or "unknown"}
 
 
 def holder(owner: str, controller: str, pid: int, playbook: str, proc: str = "/proc") -> dict[str, Any]:

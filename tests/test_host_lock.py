@@ -62,6 +62,11 @@ def test_a_run_stays_itself_when_the_clock_is_set_and_a_recycled_pid_is_not_it(t
     older = {k: v for k, v in recycled.items() if k != "start_ticks"}
     assert host_lock.same_run(older, recycled) and not host_lock.same_run(older, run)
     assert host_lock.staleness(older, "vm", now, 900, proc=str(proc)) == ""
+    # Without the kernel's boot time the run is still told by its ticks; its time for people is unknown.
+    (proc / "stat").write_text("cpu  1 2 3 4\nprocesses 9\n")
+    blind = host_lock.running("vm", 4242, str(proc))
+    assert blind == {"controller": "vm", "pid": 4242, "start_ticks": 2_000_000, "started_at": "unknown"}
+    assert host_lock.same_run(recycled, blind) and host_lock.started_at(2_000_000, str(proc)) is None
     # Once the process is gone, a lock of either kind names a dead run, and the process has no start time.
     (proc / "4242" / "stat").unlink()
     assert host_lock.process_started_at(4242, proc=str(proc)) is None
