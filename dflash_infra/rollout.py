@@ -303,7 +303,8 @@ def rollback_turns(state: Mapping[str, Any], all_slots: Sequence[Mapping[str, An
         turns.append({"index": index, "name": slot["name"],
                       "url": slot_urls[index] if index < len(slot_urls) else "",
                       "from": record.get("deployed_at") or "?", "to": previous.get("deployed_at") or "?",
-                      "to_unit": previous["unit_backup"], "to_models": previous.get("models") or {}})
+                      "to_unit": previous["unit_backup"], "to_unit_sha256": previous.get("unit_sha256"),
+                      "to_models": previous.get("models") or {}})
     if not turns and not problems:
         problems.append("no replica has a previous deployment to go back to (deployment.json's `previous` with a "
                         "unit snapshot): nothing to roll back")
@@ -359,17 +360,33 @@ def reconcile(state: Mapping[str, Any], workers: Sequence[str], plan: Mapping[st
     return {"read": True, "add": add, "remove": remove, "lines": lines}
 
 
-def rollback_models(recorded: Sequence[Mapping[str, Any]], models: Mapping[str, Mapping[str, Any]]
-                    ) -> list[dict[str, Any]]:
+def rollback_models(recorded: Sequence[Mapping[str, Any]], models: Mapping[str, Mapping[str, Any]],
+                    every: bool = False) -> list[dict[str, Any]]:
     """The model versions a rollback serves again, for dflash_model_sync's check_versions and promote: from the
     records' `models` (role -> {path: the version folder, manifest_sha256}), each with the catalogue's name and
-    configured path; one entry per model (the first record's)."""
-    out: dict[str, dict[str, Any]] = {}
+    configured path. For promote, one entry per model (the first record's: one version of a model is the one in
+    use). `every`, for the check before anything stops: every version folder any record names, replicas that go
+    back to different versions included, and a model the catalogue no longer has (by its folder alone)."""
+    out: dict[Any, dict[str, Any]] = {}
     for record_models in recorded:
         for role, m in (record_models or {}).items():
             model = models.get(role) or {}
-            if not isinstance(m, Mapping) or not model or role in out:
+            folder = str(m.get("path") or "") if isinstance(m, Mapping) else ""
+            key = (role, folder) if every else role
+            if not isinstance(m, Mapping) or not (model or (every and folder)) or key in out:
                 continue
-            out[role] = {"name": model["name"], "path": model["path"], "folder": str(m.get("path") or ""),
-                         "manifest_sha256": m.get("manifest_sha256")}
+            out[key] = {"name": model.get("name") or role, "path": model.get("path") or folder, "folder": folder,
+                        "manifest_sha256": m.get("manifest_sha256")}
     return list(out.values())
+
+
+def snapshot_problems(results: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The replicas whose unit snapshot cannot be put back, each with what was found (playbooks/rollback.yml, before
+    any replica drains): Ansible's stat results of each turn's `<to_unit>/<name>`, with the turn as the item."""
+    out = []
+    for result in results:
+        turn = result.get("item") or {}
+        problem = serving.snapshot_unit_problem(result.get("stat") or {}, turn.get("to_unit_sha256"))
+        if problem:
+            out.append(f"{turn.get('name')} ({turn.get('to_unit')}/{turn.get('name')}): {problem}")
+    return out

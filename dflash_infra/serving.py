@@ -429,6 +429,21 @@ def record(*, plan: Mapping[str, Any], engine_info: Mapping[str, Any], models: M
     }
 
 
+def snapshot_unit_problem(stat: Mapping[str, Any], sha256: str | None) -> str:
+    """Why a unit snapshot cannot be put back ('' when it can), from Ansible's stat of it (checksum_algorithm
+    sha256): it must be a regular file, and hold the unit its record names (`unit_sha256`; not compared for a record
+    without one). Said after "found"."""
+    if not stat.get("exists"):
+        return "no such file"
+    if not stat.get("isreg"):
+        return "something that is not a file"
+    found = str(stat.get("checksum") or "")
+    if sha256 and found != sha256:
+        return (f"a unit with sha256 {found[:16]}, where the record names {str(sha256)[:16]} (it changed after the "
+                "snapshot was taken)")
+    return ""
+
+
 def rolled_back_record(current: Mapping[str, Any], rolled_back_at: str) -> dict[str, Any]:
     """The record after an on-demand rollback: the previous deployment made current again, with the time of the
     rollback, and the replaced record (without its own `previous`) kept under `previous`."""

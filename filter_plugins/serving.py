@@ -77,6 +77,8 @@ class FilterModule:
             "dflash_rollout_converged_notes": rollout.converged_notes,
             "dflash_rollback_turns": rollout.rollback_turns,
             "dflash_rollback_models": rollout.rollback_models,
+            "dflash_snapshot_problems": rollout.snapshot_problems,
+            "dflash_snapshot_unit_problem": serving.snapshot_unit_problem,
             "dflash_present_units": rollout.present_units,
             "dflash_load_figures": loadgate.run_figures,
             "dflash_load_endpoint_concurrency": loadgate.endpoint_concurrency,

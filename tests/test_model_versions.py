@@ -161,6 +161,12 @@ def test_a_recorded_version_is_checked_before_it_is_served_again(source: Path, t
     vs.remove_versions(h, [label])
     problem = vs.version_problem(h, folder, digest)
     assert problem.startswith(f"M: the version folder {folder} that the record names is gone")
+    # A folder that is not one of this model's versions (from before versions, the source's own copy, another
+    # model's) has no verified state of this model's to hold it against, but must still be there.
+    assert vs.version_problem(h, str(source), digest) == ""
+    assert vs.version_problem(h, "", digest) == ""
+    elsewhere = str(tmp_path / ".dflash-versions" / "Other" / label)
+    assert vs.version_problem(h, elsewhere, digest) == f"M: the folder {elsewhere} that the record names is gone"
 
 
 def test_keep_one_removes_the_other_versions_before_the_copy_and_says_so(source: Path, tmp_path: Path) -> None:

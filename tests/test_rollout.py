@@ -322,6 +322,7 @@ def test_an_on_demand_rollback_takes_the_replicas_whose_record_names_a_previous_
     urls = [f"http://127.0.0.1:{30001 + i}" for i in range(len(all_slots))]
     versions = "/root/models/.dflash-versions"
     previous = {"deployed_at": "2026-12-01T10:00:00", "unit_backup": "/var/lib/x/units/20261201-deployed",
+                "unit_sha256": "ab" * 32,
                 "models": {"target": {"path": f"{versions}/T/00aa", "manifest_sha256": "00aa" * 16},
                            "draft": {"path": f"{versions}/D/11bb", "manifest_sha256": "11bb" * 16}}}
     state = _record_state({
@@ -333,7 +334,8 @@ def test_an_on_demand_rollback_takes_the_replicas_whose_record_names_a_previous_
     assert every["problems"] == [] and [t["index"] for t in every["turns"]] == [0, 3]
     assert every["turns"][1] == {"index": 3, "name": "sglang-qwen-r3.service", "url": "http://127.0.0.1:30004",
                                  "from": "2026-12-02T09:03:00", "to": "2026-12-01T10:00:00",
-                                 "to_unit": "/var/lib/x/units/20261201-deployed", "to_models": previous["models"]}
+                                 "to_unit": "/var/lib/x/units/20261201-deployed", "to_unit_sha256": "ab" * 32,
+                                 "to_models": previous["models"]}
     # The model versions they go back to, with the catalogue's names and configured paths (checked, then in use).
     catalogue = {"target": {"name": "T", "path": "/root/models/T"}, "draft": {"name": "D", "path": "/root/models/D"}}
     assert rollout.rollback_models([t["to_models"] for t in every["turns"]] + [{}], catalogue) == [
@@ -437,3 +439,37 @@ def test_a_gateway_not_read_is_left_to_its_own_start_and_said_so() -> None:
                             rollout.rollout(garbled, wanted(2), LEGACY, SLOTS), SLOTS, KEY_FILE)
     assert (out["read"], out["add"], out["remove"]) == (False, [], []), out
     assert "answered 200: {'workers': 'x'}" in out["lines"][0]
+
+
+def test_the_check_before_a_rollback_takes_every_version_any_replica_goes_back_to() -> None:
+    """Replicas can go back to different versions of a model (one rolled back alone earlier): the check before
+    anything stops takes each, and a model the catalogue no longer has by its folder; promote takes one per model."""
+    versions = "/root/models/.dflash-versions"
+    catalogue = {"target": {"name": "T", "path": "/root/models/T"}}
+    r0 = {"target": {"path": f"{versions}/T/00aa", "manifest_sha256": "00aa" * 16},
+          "draft": {"path": f"{versions}/D/11bb", "manifest_sha256": "11bb" * 16}}
+    r1 = {"target": {"path": f"{versions}/T/22cc", "manifest_sha256": "22cc" * 16}}
+    assert rollout.rollback_models([r0, r1, r0], catalogue) == [
+        {"name": "T", "path": "/root/models/T", "folder": f"{versions}/T/00aa", "manifest_sha256": "00aa" * 16}]
+    assert rollout.rollback_models([r0, r1, r0], catalogue, every=True) == [
+        {"name": "T", "path": "/root/models/T", "folder": f"{versions}/T/00aa", "manifest_sha256": "00aa" * 16},
+        {"name": "draft", "path": f"{versions}/D/11bb", "folder": f"{versions}/D/11bb", "manifest_sha256": "11bb" * 16},
+        {"name": "T", "path": "/root/models/T", "folder": f"{versions}/T/22cc", "manifest_sha256": "22cc" * 16}]
+    assert rollout.rollback_models([{"target": "not a mapping"}, {}], catalogue, every=True) == []
+
+
+def test_a_replicas_snapshot_that_is_gone_or_changed_is_named_before_any_replica_drains() -> None:
+    turn = {"name": "sglang-qwen-r2.service", "to_unit": "/var/lib/x/units/20261201-deployed",
+            "to_unit_sha256": "ab" * 32}
+    good = {"exists": True, "isreg": True, "checksum": "ab" * 32}
+    results = [{"item": turn, "stat": good},
+               {"item": {**turn, "name": "sglang-qwen-r3.service"}, "stat": {"exists": False}},
+               {"item": {**turn, "name": "sglang-qwen-r4.service"}, "stat": {**good, "isreg": False, "isdir": True}},
+               {"item": {**turn, "name": "sglang-qwen-r5.service"}, "stat": {**good, "checksum": "cd" * 32}},
+               {"item": {**turn, "name": "sglang-qwen-r6.service", "to_unit_sha256": None}, "stat": good}]
+    assert rollout.snapshot_problems(results) == [
+        "sglang-qwen-r3.service (/var/lib/x/units/20261201-deployed/sglang-qwen-r3.service): no such file",
+        "sglang-qwen-r4.service (/var/lib/x/units/20261201-deployed/sglang-qwen-r4.service): something that is not "
+        "a file",
+        "sglang-qwen-r5.service (/var/lib/x/units/20261201-deployed/sglang-qwen-r5.service): a unit with sha256 "
+        f"{'cd' * 8}, where the record names {'ab' * 8} (it changed after the snapshot was taken)"]

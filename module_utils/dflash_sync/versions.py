@@ -254,7 +254,10 @@ def version_problem(home: ModelHome, folder: str, digest: str | None) -> str:
 
     label = home.version_of(folder)
     if label is None:
-        return ""  # recorded before versions (or the source host's own copy): nothing to check here
+        # Recorded before versions, the source host's own copy, or another model's folder: no verified state of
+        # this model's to hold it against, but it must still be there.
+        return "" if not folder or Path(folder).is_dir() else (
+            f"{home.name}: the folder {folder} that the record names is gone")
     if not Path(folder).is_dir():
         return (f"{home.name}: the version folder {folder} that the record names is gone (kept versions: "
                 f"{', '.join(made_versions(home)) or 'none'}; dflash_model_versions_keep)")
