@@ -370,10 +370,12 @@ def rollback_models(recorded: Sequence[Mapping[str, Any]], models: Mapping[str, 
     out: dict[Any, dict[str, Any]] = {}
     for record_models in recorded:
         for role, m in (record_models or {}).items():
+            if not isinstance(m, Mapping):
+                continue
             model = models.get(role) or {}
-            folder = str(m.get("path") or "") if isinstance(m, Mapping) else ""
+            folder = str(m.get("path") or "")
             key = (role, folder) if every else role
-            if not isinstance(m, Mapping) or not (model or (every and folder)) or key in out:
+            if key in out or not (model or (every and folder)):
                 continue
             out[key] = {"name": model.get("name") or role, "path": model.get("path") or folder, "folder": folder,
                         "manifest_sha256": m.get("manifest_sha256")}
