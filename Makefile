@@ -19,6 +19,9 @@ PLAYBOOKS := deploy_dflash.yml $(wildcard playbooks/*.yml)
 # What mypy checks strictly (pyproject.toml [tool.mypy]); library/ and module_utils/ once they exist.
 TYPED := $(wildcard dflash_infra library module_utils action_plugins callback_plugins filter_plugins)
 PYTEST_ARGS ?= --durations=25
+# The slow tiers report a failure short (the failing line and its message first, not the test's whole source) and
+# list the failures with their messages at the end: a long journey's message then stays in what a log's reader sees.
+REPORT := --tb=short -rfE
 # The unit tier: no lab, no SGLang parser venv, no engine stand-in wheel, no promtool; it runs first and stops at a
 # failure.
 UNIT := -m "not lab and not sglang_parser and not smg_parser and not standin and not promtool"
@@ -91,11 +94,11 @@ test: setup ## everything CI runs: the unit tier first (with the slow set-up beh
 	  if ! $(MAKE) --no-print-directory test-unit; then kill -- -$$build 2>/dev/null; wait || true; exit 1; fi; \
 	  rc=0; wait $$build || rc=$$?; cat $(BUILD_LOG); exit $$rc
 	@{ $(MAKE) --no-print-directory lint && $(MAKE) --no-print-directory sglang-env \
-	    && $(BIN)/pytest -p no:cacheprovider $(BESIDE_TIER) $(PYTEST_ARGS); } \
+	    && $(BIN)/pytest -p no:cacheprovider $(BESIDE_TIER) $(REPORT) $(PYTEST_ARGS); } \
 	  > $(BESIDE_LOG) 2>&1 & beside=$$!; \
 	  $(LAB_1_ENV) $(BIN)/pytest -p no:cacheprovider --basetemp=.cache/pytest-lab-1 $(LAB_TIER) $(foreach t,$(LAB_1_TESTS),'$t') \
-	    $(PYTEST_ARGS) > $(LAB_1_LOG) 2>&1 & lab1=$$!; \
-	  rc=0; $(BIN)/pytest $(LAB_TIER) $(LAB_0_ARGS) $(PYTEST_ARGS) || rc=$$?; \
+	    $(REPORT) $(PYTEST_ARGS) > $(LAB_1_LOG) 2>&1 & lab1=$$!; \
+	  rc=0; $(BIN)/pytest $(LAB_TIER) $(LAB_0_ARGS) $(REPORT) $(PYTEST_ARGS) || rc=$$?; \
 	  wait $$lab1 || rc=$$?; echo "== the lab tests on lab 1 ($(LAB_1_LOG))"; cat $(LAB_1_LOG); \
 	  wait $$beside || rc=$$?; echo "== lint and the tests beside the lab ($(BESIDE_LOG))"; cat $(BESIDE_LOG); exit $$rc
 
