@@ -14,6 +14,18 @@ def _short(digest: Any) -> str:
     return str(digest)[:16] if digest else "not verified"
 
 
+def failure_message(result: Any, task: Any = None, default: str = "") -> str:
+    """What a rescue may say of the task that failed (its ansible_failed_result and ansible_failed_task): the task's
+    message (`default` when it has none), or only its name where its output is hidden: Ansible does not apply a task's
+    no_log to ansible_failed_result, which holds the raw result (stderr, arguments, a key written to a file)."""
+    if not isinstance(result, Mapping):
+        return default
+    if result.get("_ansible_no_log"):
+        name = task.get("name") if isinstance(task, Mapping) else None
+        return f"{f'the task [{name}]' if name else 'a task'} failed; its output is hidden (no_log)"
+    return str(result["msg"]) if "msg" in result else default
+
+
 def host_line(host: str, groups: Sequence[str], check_mode: bool) -> str:
     named = [g for g in groups if g not in ("proxmox_containers", "all", "ungrouped")]
     return f"{host} ({', '.join(named)}){' [check mode: nothing was changed]' if check_mode else ''}:"

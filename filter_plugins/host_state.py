@@ -41,6 +41,7 @@ class FilterModule:
             "dflash_driver_protection_needed": host_state.driver_protection_needed,
             "dflash_summary": dflash_summary,
             "dflash_summary_load_lines": summary.load_lines,
+            "dflash_failure_message": summary.failure_message,
             "dflash_role_file_sha256": dflash_role_file_sha256,
             "dflash_state_path": host_state.path_entry,
             "dflash_status": status.report,

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import re
+import subprocess
 from typing import Any
 
 from dflash_infra import summary
+from helpers import HOST_PYTHON, ROOT, tool
 
 PRO6000 = {"name": "NVIDIA RTX PRO 6000 Blackwell Workstation Edition"}
 STATE = {"identity": {"source": "nvidia-smi", "gpus": [PRO6000] * 8},
@@ -144,3 +147,61 @@ def test_load_lines_give_the_figures_of_each_concurrency_with_latencies_when_str
         "(verify count 420), TTFT p50/p99 41.0/88.5 ms, ITL p50/p99 6.2/9.9 ms",
         "  load at concurrency 1: 32 requests, 1 failed, 150.0 output tok/s, 2.3 req/s"]
     assert summary.load_lines(None, "") == []
+
+
+def test_a_failure_is_told_by_its_message_and_a_hidden_ones_by_its_task_name_only() -> None:
+    secret = "sk-team-0123456789"
+    hidden = {"failed": True, "msg": f"non-zero return code: {secret}", "stderr": secret, "_ansible_no_log": True}
+    told = summary.failure_message(hidden, {"name": "Write the environment file with the secrets"}, "gate failed")
+    assert told == "the task [Write the environment file with the secrets] failed; its output is hidden (no_log)"
+    assert summary.failure_message(hidden, None) == "a task failed; its output is hidden (no_log)"
+    assert summary.failure_message({"failed": True, "msg": "timed out after 600 s"}, {"name": "x"}, "?") == \
+        "timed out after 600 s"
+    assert summary.failure_message({"failed": True}, {"name": "x"}, "gate failed") == "gate failed"
+    assert summary.failure_message(None, None, "the planner failed") == "the planner failed"
+
+
+def test_a_rescue_never_prints_what_a_no_log_task_hid(ansible_env, tmp_path) -> None:
+    """Ansible keeps the raw result of a failed no_log task in ansible_failed_result (its stderr, its arguments): the
+    filter every rescue of this tree reads it through says the task's name only; a task without no_log keeps its
+    message."""
+    play = tmp_path / "rescue.yml"
+    play.write_text("""\
+- hosts: localhost
+  gather_facts: false
+  tasks:
+    - name: Fail with a secret, hidden
+      block:
+        - name: Write the key file
+          ansible.builtin.command: sh -c 'echo sk-hidden-0123 >&2; exit 3'
+          no_log: true
+      rescue:
+        - ansible.builtin.debug:
+            msg: "hidden: {{ ansible_failed_result | dflash_failure_message(ansible_failed_task, 'gate failed') }}"
+    - name: Fail with a message
+      block:
+        - ansible.builtin.fail:
+            msg: the engine did not come up
+      rescue:
+        - ansible.builtin.debug:
+            msg: "told: {{ ansible_failed_result | dflash_failure_message(ansible_failed_task, 'gate failed') }}"
+""")
+    proc = subprocess.run([tool("ansible-playbook"), "-i", "localhost,", "-c", "local", "-e",
+                           f"ansible_python_interpreter={HOST_PYTHON}", str(play)], cwd=ROOT,
+                          env=ansible_env, capture_output=True, text=True)
+    out = " ".join(proc.stdout.split())
+    assert proc.returncode == 0, out[-3000:]
+    assert "hidden: the task [Write the key file] failed; its output is hidden (no_log)" in out, out[-3000:]
+    assert "sk-hidden-0123" not in proc.stdout + proc.stderr
+    assert "told: the engine did not come up" in out, out[-3000:]
+
+
+def test_every_rescue_reads_the_failed_result_through_the_filter_that_honours_no_log() -> None:
+    """ansible_failed_result is read in rescues only through dflash_failure_message (a .msg read straight would print
+    what a no_log task hid)."""
+    raw = re.compile(r"ansible_failed_result(?!\s*\|\s*dflash_failure_message\(ansible_failed_task\b)")
+    uses = {str(path.relative_to(ROOT)): len(re.findall("ansible_failed_result", path.read_text()))
+            for folder in ("playbooks", "roles") for path in (ROOT / folder).rglob("*.yml")
+            if "ansible_failed_result" in path.read_text()}
+    assert len(uses) >= 6, uses  # the rescues of the rollout, the gateway, the engine, the canary and the status view
+    assert [f"{p}: {m.group(0)}" for p in uses for m in raw.finditer((ROOT / p).read_text())] == []
