@@ -300,6 +300,14 @@ def rollback_turns(state: Mapping[str, Any], all_slots: Sequence[Mapping[str, An
                             f"{previous['unit_backup']}, found nothing there; nothing to roll back to (its record "
                             "names a snapshot that was removed)")
             continue
+        plan = previous.get("plan")
+        serve = plan.get("serve") if isinstance(plan, Mapping) else None
+        tls_was = serve.get("tls") if isinstance(serve, Mapping) else None
+        tls = serving.engine_tls_problem(state, slot, tls_was)
+        if tls:
+            problems.append(f"{slot['name']}: expected the TLS certificate and key that the unit of its previous "
+                            f"deployment ({previous.get('deployed_at') or '?'}) loads, found {tls}")
+            continue
         turns.append({"index": index, "name": slot["name"],
                       "url": slot_urls[index] if index < len(slot_urls) else "",
                       "from": record.get("deployed_at") or "?", "to": previous.get("deployed_at") or "?",

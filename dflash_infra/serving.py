@@ -554,6 +554,21 @@ def engine_tls_todo(state: Mapping[str, Any], paths: Mapping[str, str], tls: boo
     return "remove" if left else ""
 
 
+def engine_tls_problem(state: Mapping[str, Any], paths: Mapping[str, str], tls: Any) -> str:
+    """Why an engine unit cannot be put back for its TLS files ('' when it can): a unit that serves HTTPS (`tls`, its
+    record's plan.serve.tls) loads the certificate and key as credentials, which must still be on the host; they are
+    removed once a deployment without HTTPS passed its gates. Said after "expected the TLS certificate and key that
+    <the unit> loads, found"."""
+    from dflash_infra import host_state
+
+    if tls is not True:
+        return ""
+    gone = [paths[f"tls_{part}"] for part in ("cert", "key")
+            if not host_state.path_entry(state, paths[f"tls_{part}"]).get("exists")]
+    return (f"{', '.join(gone)} gone (removed when a deployment without HTTPS passed its gates; to serve HTTPS "
+            "again, deploy with dflash_worker_tls enabled)") if gone else ""
+
+
 def engine_tls_paths(env_file: str) -> dict[str, str]:
     """Where a replica's certificate and key live beside its environment file (root 0600, credentials of its unit)."""
     stem = str(env_file)[: -len(".env")] if str(env_file).endswith(".env") else str(env_file)
@@ -666,6 +681,7 @@ __all__ = [
     "engine_problems",
     "engine_status",
     "engine_tls_paths",
+    "engine_tls_problem",
     "engine_tls_todo",
     "environment_inputs_problems",
     "environment_problems",

@@ -53,6 +53,7 @@ class FilterModule:
             "dflash_gateway_tls_parts": serving.gateway_tls_parts,
             "dflash_engine_tls_paths": serving.engine_tls_paths,
             "dflash_engine_tls_todo": serving.engine_tls_todo,
+            "dflash_engine_tls_problem": serving.engine_tls_problem,
             "dflash_environment_problems": serving.environment_inputs_problems,
             "dflash_serving_record": dflash_serving_record,
             "dflash_serving_rolled_back": serving.rolled_back_record,

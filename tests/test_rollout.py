@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from dflash_infra import rollout
+from dflash_infra import rollout, serving
 
 ENV, STATE, LIBEXEC = "/etc/dflash-infra", "/var/lib/dflash-infra", "/usr/local/lib/dflash-infra"
 SLOTS = rollout.slots("sglang-qwen.service", ENV, STATE, LIBEXEC)
@@ -473,3 +473,36 @@ def test_a_replicas_snapshot_that_is_gone_or_changed_is_named_before_any_replica
         "a file",
         "sglang-qwen-r5.service (/var/lib/x/units/20261201-deployed/sglang-qwen-r5.service): a unit with sha256 "
         f"{'cd' * 8}, where the record names {'ab' * 8} (it changed after the snapshot was taken)"]
+
+
+def test_an_on_demand_rollback_to_https_needs_the_certificate_and_key_its_unit_loads() -> None:
+    """A previous deployment that served HTTPS (its record's plan.serve.tls) loads the replica's certificate and key
+    as credentials of its unit: once a deployment without HTTPS passed its gates they are removed, and going back is
+    refused naming them (systemd would not start the unit); with them there, or to a deployment without HTTPS, it
+    goes."""
+    all_slots = rollout.slots("sglang-qwen.service", "/etc/dflash", "/var/lib/dflash-infra", "/usr/local/libexec")
+    urls = [f"https://127.0.0.1:{30001 + i}" for i in range(len(all_slots))]
+    slot = all_slots[0]
+    https = {"deployed_at": "2026-12-01T10:00:00", "unit_backup": "/var/lib/x/units/20261201-deployed",
+             "plan": {"serve": {"host": "127.0.0.1", "port": 30001, "tls": True}}}
+    records = {slot["record"]: {"deployed_at": "2026-12-02T09:00:00", "previous": https}}
+    state = _record_state(records, snapshots=(https["unit_backup"],))
+    refused = rollout.rollback_turns(state, all_slots, urls)
+    assert refused["turns"] == [] and refused["problems"] == [
+        f"sglang-qwen-r0.service: expected the TLS certificate and key that the unit of its previous deployment "
+        f"(2026-12-01T10:00:00) loads, found {slot['tls_cert']}, {slot['tls_key']} gone (removed when a deployment "
+        "without HTTPS passed its gates; to serve HTTPS again, deploy with dflash_worker_tls enabled)"]
+    # The key alone still there: the certificate is named.
+    state["files"]["/etc/dflash"] = {"path": "/etc/dflash", "exists": True, "kind": "dir",
+                                     "children": {"sglang-qwen-r0.tls-key": {"path": slot["tls_key"], "exists": True}}}
+    assert slot["tls_key"] not in rollout.rollback_turns(state, all_slots, urls)["problems"][0]
+    assert slot["tls_cert"] in rollout.rollback_turns(state, all_slots, urls)["problems"][0]
+    state["files"]["/etc/dflash"]["children"]["sglang-qwen-r0.tls-cert"] = {"path": slot["tls_cert"], "exists": True}
+    back = rollout.rollback_turns(state, all_slots, urls)
+    assert back["problems"] == [] and [t["index"] for t in back["turns"]] == [0]
+    # Back to a deployment without HTTPS: its files are not needed.
+    plain = _record_state({slot["record"]: {"deployed_at": "2026-12-02T09:00:00",
+                                            "previous": {**https, "plan": {"serve": {"tls": False}}}}},
+                          snapshots=(https["unit_backup"],))
+    assert rollout.rollback_turns(plain, all_slots, urls)["problems"] == []
+    assert serving.engine_tls_problem(plain, slot, None) == "" and serving.engine_tls_problem(plain, slot, "yes") == ""
