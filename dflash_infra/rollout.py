@@ -75,14 +75,33 @@ def present_units(state: Mapping[str, Any], names: Sequence[str]) -> list[str]:
     return [str(n) for n in names if _present(state, str(n))]
 
 
+def served_url(url: str, deployment: Any) -> str:
+    """Where the gateway reaches a replica while `deployment` (a record, or its `previous`) runs: the slot's URL with
+    the scheme that deployment serves (plan.serve.tls; a record from before TLS serves plain HTTP). A deploy that
+    turns a replica's TLS on or off changes only the scheme: its turn drains the URL it is served at now and adds it
+    back at the new one. No deployment: the URL as planned."""
+    plan = deployment.get("plan") if isinstance(deployment, Mapping) else None
+    serve = plan.get("serve") if isinstance(plan, Mapping) else None
+    if not isinstance(serve, Mapping) or "://" not in url:
+        return url
+    return ("https" if serve.get("tls") is True else "http") + url[url.index("://"):]
+
+
+def _record(state: Mapping[str, Any], slot: Mapping[str, Any]) -> dict[str, Any]:
+    found = host_state.path_entry(state, str(slot.get("record") or "")).get("json")
+    return dict(found) if isinstance(found, Mapping) else {}
+
+
 def rollout(state: Mapping[str, Any], wanted: Sequence[Mapping[str, Any]], legacy: Sequence[Mapping[str, str]],
             all_slots: Sequence[Mapping[str, Any]], slot_urls: Sequence[str] = (),
             shared: bool = False) -> dict[str, Any]:
     """What a gateway deploy does to the engine units of one host, in order (see the module's docstring).
 
     wanted: per planned replica, in index order: `index`, `name` (its unit) and `url` (where the gateway reaches
-    it). Whether a running replica's unit changed is the sglang_service role's comparison, made as its turn comes:
-    a replica that changed is drained, restarted, gated and added back; one that did not is only checked.
+    it once this deploy converged it; each replica's `from_url` is where its recorded deployment is reached now,
+    which its turn drains: `served_url`). Whether a running replica's unit changed is the sglang_service role's
+    comparison, made as its turn comes: a replica that changed is drained, restarted, gated and added back; one that
+    did not is only checked.
     legacy: units of the single-process topology, each `name` and `unit` (its file's path).
     all_slots: every replica slot (`slots`): those beyond `wanted` are retired when they run or start at boot.
     slot_urls: where the gateway reaches each slot (`state_inputs`' urls), to take a retired one out of it.
@@ -100,7 +119,9 @@ def rollout(state: Mapping[str, Any], wanted: Sequence[Mapping[str, Any]], legac
     replicas = []
     for w in wanted:
         running = _props(state, str(w["name"])).get("ActiveState") == "active"
+        slot = all_slots[int(w["index"])] if int(w["index"]) < len(all_slots) else {}
         replicas.append({"index": w["index"], "name": w["name"], "url": w.get("url", ""),
+                         "from_url": served_url(str(w.get("url", "")), _record(state, slot)),
                          "action": "roll" if running else "start"})
     # Capacity first: replicas that are down start before any running one may leave the gateway; the running ones
     # follow one at a time, so while one restarts every other replica serves.
@@ -258,8 +279,9 @@ __all__ = ["MAX_REPLICAS", "RolloutError", "converged_notes", "gateway_topology"
 def rollback_turns(state: Mapping[str, Any], all_slots: Sequence[Mapping[str, Any]], slot_urls: Sequence[str],
                    asked: Sequence[Any] | None = None, exactly: bool = False) -> dict[str, Any]:
     """The replicas an on-demand rollback puts back on their previous deployment (playbooks/rollback.yml
-    -e dflash_rollback=replicas), one turn each: `turns` (index, name, url, the previous deployment's time and
-    unit snapshot, the current one's time) and `problems` (each naming the replica, what was expected and found).
+    -e dflash_rollback=replicas), one turn each: `turns` (index, name, `from_url` where the gateway reaches it now
+    and `url` where its previous deployment serves (`served_url`), the previous deployment's time and unit snapshot,
+    the current one's time) and `problems` (each naming the replica, what was expected and found).
 
     asked: the indices to roll back (`dflash_rollback_replicas`); None or empty: every replica that has a record,
     unless `exactly` (the replicas a run restarted, playbooks/tasks/rollback_restarted.yml): then none is none, with
@@ -284,8 +306,7 @@ def rollback_turns(state: Mapping[str, Any], all_slots: Sequence[Mapping[str, An
         index = int(slot["index"])
         if wanted is not None and index not in wanted:
             continue
-        found_json = host_state.path_entry(state, str(slot["record"])).get("json")
-        record = dict(found_json) if isinstance(found_json, Mapping) else {}
+        record = _record(state, slot)
         previous = record.get("previous") if isinstance(record.get("previous"), Mapping) else None
         if not record or not previous or not previous.get("unit_backup"):
             if wanted is not None:
@@ -308,8 +329,9 @@ def rollback_turns(state: Mapping[str, Any], all_slots: Sequence[Mapping[str, An
             problems.append(f"{slot['name']}: expected the TLS certificate and key that the unit of its previous "
                             f"deployment ({previous.get('deployed_at') or '?'}) loads, found {tls}")
             continue
-        turns.append({"index": index, "name": slot["name"],
-                      "url": slot_urls[index] if index < len(slot_urls) else "",
+        url = slot_urls[index] if index < len(slot_urls) else ""
+        turns.append({"index": index, "name": slot["name"], "from_url": served_url(url, record),
+                      "url": served_url(url, previous),
                       "from": record.get("deployed_at") or "?", "to": previous.get("deployed_at") or "?",
                       "to_unit": previous["unit_backup"], "to_unit_sha256": previous.get("unit_sha256"),
                       "to_models": previous.get("models") or {}})

@@ -333,6 +333,7 @@ def test_an_on_demand_rollback_takes_the_replicas_whose_record_names_a_previous_
     every = rollout.rollback_turns(state, all_slots, urls)
     assert every["problems"] == [] and [t["index"] for t in every["turns"]] == [0, 3]
     assert every["turns"][1] == {"index": 3, "name": "sglang-qwen-r3.service", "url": "http://127.0.0.1:30004",
+                                 "from_url": "http://127.0.0.1:30004",
                                  "from": "2026-12-02T09:03:00", "to": "2026-12-01T10:00:00",
                                  "to_unit": "/var/lib/x/units/20261201-deployed", "to_unit_sha256": "ab" * 32,
                                  "to_models": previous["models"]}
@@ -506,3 +507,33 @@ def test_an_on_demand_rollback_to_https_needs_the_certificate_and_key_its_unit_l
                           snapshots=(https["unit_backup"],))
     assert rollout.rollback_turns(plain, all_slots, urls)["problems"] == []
     assert serving.engine_tls_problem(plain, slot, None) == "" and serving.engine_tls_problem(plain, slot, "yes") == ""
+
+
+def test_a_turn_that_switches_tls_drains_where_the_replica_is_served_now_and_adds_it_back_where_it_will_be() -> None:
+    """The gateway reaches a replica at the scheme of its recorded deployment: a deploy that turns TLS on or off
+    drains the old URL (the new one is not in the gateway yet) and adds the replica back at the new one; a failed
+    gate's rollback and an on-demand rollback add it back where the deployment they go back to serves."""
+    state = host(2)
+    for slot, tls in ((SLOTS[0], True), (SLOTS[1], False)):
+        state["files"][slot["record"]] = {"path": slot["record"], "exists": True,
+                                          "json": {"deployed_at": "2026-12-02T09:00:00",
+                                                   "plan": {"serve": {"port": 30001 + slot["index"], "tls": tls}}}}
+    plan = rollout.rollout(state, wanted(2), LEGACY, SLOTS)
+    assert [(r["from_url"], r["url"]) for r in plan["replicas"]] == [
+        ("https://127.0.0.1:30001", "http://127.0.0.1:30001"), ("http://127.0.0.1:30002", "http://127.0.0.1:30002")]
+    # No record (a replica not deployed yet) or one from before TLS: as planned, and plain HTTP.
+    assert rollout.served_url("https://10.0.0.5:30001", None) == "https://10.0.0.5:30001"
+    assert rollout.served_url("https://ct201:30001", {"plan": {"serve": {"port": 30001}}}) == "http://ct201:30001"
+    assert rollout.served_url("", {"plan": {"serve": {"tls": True}}}) == ""
+    # Back on demand from plain HTTP to an HTTPS deployment (its files still there).
+    previous = {"deployed_at": "2026-12-01T10:00:00", "unit_backup": "/var/lib/x/units/20261201-deployed",
+                "plan": {"serve": {"port": 30001, "tls": True}}}
+    records = {SLOTS[0]["record"]: {"deployed_at": "2026-12-02T09:00:00", "previous": previous,
+                                    "plan": {"serve": {"port": 30001, "tls": False}}}}
+    back = _record_state(records, snapshots=(previous["unit_backup"],))
+    back["files"][ENV] = {"path": ENV, "exists": True, "kind": "dir", "children": {
+        name: {"path": f"{ENV}/{name}", "exists": True}
+        for name in ("sglang-qwen-r0.tls-cert", "sglang-qwen-r0.tls-key")}}
+    turns = rollout.rollback_turns(back, SLOTS, ["http://127.0.0.1:30001"], [0])
+    assert turns["problems"] == [] and (turns["turns"][0]["from_url"], turns["turns"][0]["url"]) == (
+        "http://127.0.0.1:30001", "https://127.0.0.1:30001")
