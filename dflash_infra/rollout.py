@@ -80,11 +80,17 @@ def served_url(url: str, deployment: Any) -> str:
     the scheme that deployment serves (plan.serve.tls; a record from before TLS serves plain HTTP). A deploy that
     turns a replica's TLS on or off changes only the scheme: its turn drains the URL it is served at now and adds it
     back at the new one. No deployment: the URL as planned."""
-    plan = deployment.get("plan") if isinstance(deployment, Mapping) else None
-    serve = plan.get("serve") if isinstance(plan, Mapping) else None
-    if not isinstance(serve, Mapping) or "://" not in url:
+    serve = _serve(deployment)
+    if serve is None or "://" not in url:
         return url
     return ("https" if serve.get("tls") is True else "http") + url[url.index("://"):]
+
+
+def _serve(deployment: Any) -> Mapping[str, Any] | None:
+    """A deployment record's plan.serve (how its unit serves); None where it names none."""
+    plan = deployment.get("plan") if isinstance(deployment, Mapping) else None
+    serve = plan.get("serve") if isinstance(plan, Mapping) else None
+    return serve if isinstance(serve, Mapping) else None
 
 
 def _record(state: Mapping[str, Any], slot: Mapping[str, Any]) -> dict[str, Any]:
@@ -321,10 +327,7 @@ def rollback_turns(state: Mapping[str, Any], all_slots: Sequence[Mapping[str, An
                             f"{previous['unit_backup']}, found nothing there; nothing to roll back to (its record "
                             "names a snapshot that was removed)")
             continue
-        plan = previous.get("plan")
-        serve = plan.get("serve") if isinstance(plan, Mapping) else None
-        tls_was = serve.get("tls") if isinstance(serve, Mapping) else None
-        tls = serving.engine_tls_problem(state, slot, tls_was)
+        tls = serving.engine_tls_problem(state, slot, (_serve(previous) or {}).get("tls"))
         if tls:
             problems.append(f"{slot['name']}: expected the TLS certificate and key that the unit of its previous "
                             f"deployment ({previous.get('deployed_at') or '?'}) loads, found {tls}")

@@ -522,7 +522,7 @@ def test_a_turn_that_switches_tls_drains_where_the_replica_is_served_now_and_add
     assert [(r["from_url"], r["url"]) for r in plan["replicas"]] == [
         ("https://127.0.0.1:30001", "http://127.0.0.1:30001"), ("http://127.0.0.1:30002", "http://127.0.0.1:30002")]
     # No record (a replica not deployed yet) or one from before TLS: as planned, and plain HTTP.
-    assert rollout.served_url("https://10.0.0.5:30001", None) == "https://10.0.0.5:30001"
+    assert rollout.served_url("https://ct201:30001", None) == "https://ct201:30001"
     assert rollout.served_url("https://ct201:30001", {"plan": {"serve": {"port": 30001}}}) == "http://ct201:30001"
     assert rollout.served_url("", {"plan": {"serve": {"tls": True}}}) == ""
     # Back on demand from plain HTTP to an HTTPS deployment (its files still there).
