@@ -606,9 +606,11 @@ def gateway_todo(state: Mapping[str, Any], paths: Mapping[str, str], unit: str, 
         "enable": props.get("UnitFileState") != "enabled",
         "start": props.get("ActiveState") != "active",
     }
+    # TLS files left over ('remove') need no restart: the running unit does not load them (smg_gateway tidy.yml
+    # removes them once every gate of the run passed).
     todo["restart"] = not todo["start"] and bool(
         todo["unit"] or GATEWAY_HELPERS[0] in todo["helpers"] or todo["api_key"]
-        or todo["control_key"] or todo["tls"])
+        or todo["control_key"] or todo["tls"] == "write")
     todo["any"] = any(bool(v) for v in todo.values())
     return todo
 
@@ -633,6 +635,17 @@ def _tls_todo(state: Mapping[str, Any], paths: Mapping[str, str], tls: Mapping[s
     return "remove" if left else ""
 
 
+def gateway_restore_url(recorded: Mapping[str, Any] | None, section: Mapping[str, Any],
+                        tls: Mapping[str, Any] | None) -> str:
+    """Where the gateway's previous unit serves once put back (smg_gateway restore.yml gates it there): its record's
+    endpoint and scheme, since the run that failed may have moved the port or turned TLS on or off. A record from
+    before `tls` was recorded, or none, gives the plan's endpoint with the settings' scheme."""
+    if isinstance(recorded, Mapping) and ":" in str(recorded.get("endpoint") or ""):
+        host, _, port = str(recorded["endpoint"]).rpartition(":")
+        return base_url({"host": host, "port": int(port), "tls": recorded.get("tls", tls_enabled(tls)) is True})
+    return base_url({"host": section.get("host"), "port": section["port"], "tls": tls_enabled(tls)})
+
+
 def gateway_key_first(state: Mapping[str, Any], paths: Mapping[str, str], unit: str, api_key: str) -> bool:
     """Whether the gateway takes the endpoint's API key before the replicas roll: the key is new (the running
     gateway has no key file) and the gateway runs. A keyless engine accepts requests that carry a key, so the gateway
@@ -649,16 +662,18 @@ def gateway_key_first(state: Mapping[str, Any], paths: Mapping[str, str], unit: 
 
 
 def gateway_record(previous: Mapping[str, Any] | None, venv: Mapping[str, Any], lock_file: str, version: str,
-                   unit_sha256: str, section: Mapping[str, Any], now: str) -> dict[str, Any]:
+                   unit_sha256: str, section: Mapping[str, Any], now: str,
+                   tls: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """What the gateway's record (smg-gateway.json) says: the smg release, the lock it was installed from (file,
-    sha256, packages, the notable pins), its unit's sha256, the endpoint and its workers. `deployed_at` is kept from
-    `previous` when nothing else differs, so a converged host's record is not rewritten."""
+    sha256, packages, the notable pins), its unit's sha256, the endpoint, whether it serves HTTPS (`tls`, the
+    settings' dflash_endpoint_tls) and its workers. `deployed_at` is kept from `previous` when nothing else differs,
+    so a converged host's record is not rewritten."""
     record: dict[str, Any] = {
         "smg": version, "venv": venv.get("venv"),
         "lock": {"file": lock_file, "sha256": venv.get("lock_sha256"), "packages": venv.get("packages"),
                  "notable": dict(venv.get("notable") or {})},
         "unit_sha256": unit_sha256, "endpoint": f"{section.get('host')}:{section.get('port')}",
-        "workers": list(section.get("workers") or [])}
+        "tls": tls_enabled(tls), "workers": list(section.get("workers") or [])}
     same = isinstance(previous, Mapping) and {k: v for k, v in previous.items() if k != "deployed_at"} == record
     return {"deployed_at": previous["deployed_at"] if same and previous else now, **record}
 
@@ -690,6 +705,7 @@ __all__ = [
     "gateway_exec_start_lines",
     "gateway_paths",
     "gateway_record",
+    "gateway_restore_url",
     "gateway_tls_parts",
     "gateway_todo",
     "key_file_text",

@@ -148,12 +148,44 @@ def test_the_gateways_record_names_its_lock_and_is_kept_while_nothing_changed() 
     first = serving.gateway_record(None, venv, lock, "1.13.0", "c" * 64, section, "2026-12-02T01:00:00+00:00")
     assert first == {"deployed_at": "2026-12-02T01:00:00+00:00", "smg": "1.13.0", "venv": "/opt/smg/venv",
                      "lock": {"file": lock, "sha256": "ab" * 32, "packages": 7, "notable": {"smg": "1.13.0"}},
-                     "unit_sha256": "c" * 64, "endpoint": "0.0.0.0:30000", "workers": section["workers"]}
+                     "unit_sha256": "c" * 64, "endpoint": "0.0.0.0:30000", "tls": False,
+                     "workers": section["workers"]}
     # The next run: the same record (the role writes nothing); a changed worker list is a new record.
     assert serving.gateway_record(first, venv, lock, "1.13.0", "c" * 64, section, "2026-12-02T02:00:00") == first
     one = {**section, "workers": section["workers"][:1]}
     fewer = serving.gateway_record(first, venv, lock, "1.13.0", "c" * 64, one, "2026-12-02T02:00:00")
     assert fewer["deployed_at"] == "2026-12-02T02:00:00" and fewer["workers"] == ["http://127.0.0.1:30001"]
+    # HTTPS is part of the record: turning it on is a new record (restore.yml gates the unit put back by it).
+    secure = serving.gateway_record(first, venv, lock, "1.13.0", "c" * 64, section, "2026-12-02T02:00:00",
+                                    {"enabled": True})
+    assert secure["tls"] is True and secure["deployed_at"] == "2026-12-02T02:00:00"
+
+
+def test_tls_files_left_over_are_removed_after_the_gates_without_a_restart_of_their_own() -> None:
+    """A converged gateway with TLS files the settings no longer ask for (a run that died after its unit changed,
+    before tidy.yml): 'remove', and no restart (the running unit does not load them); a file to write restarts."""
+    state = converged()
+    state["files"][PATHS["tls_cert"]] = entry("d" * 64)
+    left = todo(state)
+    assert left["tls"] == "remove" and left["any"] is True and left["restart"] is False
+    wanted = serving.gateway_todo(state, PATHS, "smg-gateway.service", UNIT, "k", "", HELPERS,
+                                  {"enabled": True, "certificate": "C", "key": "K"})
+    assert wanted["tls"] == "write" and wanted["restart"] is True
+
+
+def test_a_gateway_put_back_is_gated_where_its_record_says_it_serves() -> None:
+    """restore.yml gates the unit the gateway ran before this run at its record's endpoint and scheme: the run that
+    failed may have turned TLS off (or on) or moved the port, and the unit put back serves as before it."""
+    section = {"host": "0.0.0.0", "port": 30100}
+    off = {"enabled": False}
+    assert serving.gateway_restore_url({"endpoint": "0.0.0.0:30000", "tls": True}, section, off) == \
+        "https://127.0.0.1:30000"
+    assert serving.gateway_restore_url({"endpoint": "127.1.200.1:30000", "tls": False}, section,
+                                       {"enabled": True}) == "http://127.1.200.1:30000"
+    # A record from before `tls` was recorded: the settings' scheme; no record: the plan's endpoint.
+    assert serving.gateway_restore_url({"endpoint": "0.0.0.0:30000"}, section, {"enabled": True}) == \
+        "https://127.0.0.1:30000"
+    assert serving.gateway_restore_url(None, section, off) == "http://127.0.0.1:30100"
 
 
 def test_a_new_api_key_goes_to_the_running_gateway_before_the_replicas_roll() -> None:

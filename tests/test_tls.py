@@ -109,8 +109,8 @@ def test_the_gateway_writes_and_compares_the_tls_files() -> None:
     other, _ = certificate(30)
     assert serving.gateway_todo(state, paths, "smg-gateway.service", "u" * 64, "", "", {},
                                 {**SETTINGS, "certificate": other})["tls"] == "write"
-    assert serving.gateway_todo(state, paths, "smg-gateway.service", "u" * 64, "", "", {},
-                                {"enabled": False})["tls"] == "remove"
+    left = serving.gateway_todo(state, paths, "smg-gateway.service", "u" * 64, "", "", {}, {"enabled": False})
+    assert left["tls"] == "remove" and left["any"] is True
     assert serving.base_url({"host": "0.0.0.0", "port": 30000, "tls": True}) == "https://127.0.0.1:30000"
 
 

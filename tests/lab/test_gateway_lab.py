@@ -624,8 +624,27 @@ def test_the_endpoint_serves_tls_that_real_clients_verify_and_a_wrong_ca_is_refu
 
     again = play("deploy_dflash.yml", extra=on)
     assert again.returncode == 0 and recap(again)["changed"] == 0, again.stdout[-3000:]
+    # TLS off in a run whose load gate through the gateway fails (an acceptance floor no engine reaches): the gateway
+    # goes back to its HTTPS unit, gated where its record says it serves, and its TLS files are still there for it.
+    gate = yaml.safe_load((ROOT / "group_vars/all/load_gate.yml").read_text())["dflash_load_gate"]
+    failed = play("deploy_dflash.yml", extra={**settings, "dflash_load_gate": {**gate, "min_accept_length": 100}})
+    out = " ".join(failed.stdout.split())
+    assert failed.returncode != 0 and "is below 100" in out, failures(out)
+    assert "smg-gateway.service went back to the unit it ran before this run" in out, failures(out)
+    folder = routed.ssh("ct200", "ls", "/etc/dflash-infra/smg-gateway").stdout.split()
+    assert {"tls-cert", "tls-key", "tls-ca"} <= set(folder), folder
+    assert "LoadCredential=tls-key:" in routed.ssh("ct200", "systemctl", "cat", "smg-gateway.service").stdout
+    served = subprocess.run(["curl", "-sS", "--noproxy", "*", "--cacert", str(ca[0]), f"{url}/v1/models"],
+                            capture_output=True, text=True, timeout=30)
+    assert served.returncode == 0 and "Qwen3.6-27B" in served.stdout, served.stderr
+    # The same change without the fault: the files go only after every gate passed.
     off = play("deploy_dflash.yml", extra=settings)
-    assert off.returncode == 0, off.stdout[-5000:]
+    out = " ".join(off.stdout.split())
+    assert off.returncode == 0, failures(out)
+    assert re.search(r"TASK \[smg_gateway : Remove the endpoint's TLS files the settings no longer ask for\]"
+                     r"(?:(?!TASK \[).)*changed: \[ct200\]", out), out[-5000:]
+    assert out.index("Run the load gate's requests through the gateway") < out.index(
+        "Remove the endpoint's TLS files the settings no longer ask for"), out[-5000:]
     assert "tls-" not in routed.ssh("ct200", "ls", "/etc/dflash-infra/smg-gateway").stdout
     with urllib.request.urlopen(f"http://{ct200}:30000/health", timeout=10) as response:
         assert response.status == 200
