@@ -243,6 +243,22 @@ def replica_plan(plan: Mapping[str, Any], index: int) -> dict[str, Any]:
             "replica": {"index": r["index"], "url": r["url"], "gpu_ids": list(r["gpu_ids"])}}
 
 
+def tls_leftovers(state: Mapping[str, Any], all_slots: Sequence[Mapping[str, Any]],
+                  serving_plan: Mapping[str, Any]) -> list[str]:
+    """The certificate and key files of the plan's replicas that serve without HTTPS now (worker TLS turned off) and
+    are still on the host: the serve stage removes them once every gate of the run passed, the load gate through the
+    gateway included, since until then the unit a failed gate puts back may load them."""
+    from dflash_infra import host_state, serving
+
+    out: list[str] = []
+    for replica in serving_plan.get("replicas") or []:
+        slot = all_slots[int(replica["index"])]
+        if serving.engine_tls_todo(state, slot, bool(replica.get("tls"))) == "remove":
+            out += [slot[f"tls_{part}"] for part in ("cert", "key")
+                    if host_state.path_entry(state, slot[f"tls_{part}"]).get("exists")]
+    return out
+
+
 def turns(plan: Mapping[str, Any], all_slots: Sequence[Mapping[str, Any]],
           serving_plan: Mapping[str, Any]) -> list[dict[str, Any]]:
     """The running replicas of a rollout (`plan`: what `rollout` returned) as the sglang_service role takes them,
@@ -279,7 +295,7 @@ def wanted(plan: Mapping[str, Any], service_name: str) -> list[dict[str, Any]]:
 
 __all__ = ["MAX_REPLICAS", "RolloutError", "converged_notes", "gateway_topology", "present_units", "replica_paths",
            "replica_plan", "replica_unit", "rollback_turns", "rollout", "slots", "state_inputs", "summary_lines",
-           "turns", "wanted"]
+           "tls_leftovers", "turns", "wanted"]
 
 
 def rollback_turns(state: Mapping[str, Any], all_slots: Sequence[Mapping[str, Any]], slot_urls: Sequence[str],

@@ -261,7 +261,7 @@ def service_converged(state: Mapping[str, Any], paths: Mapping[str, str], unit: 
         return False
     if not (host_state.file_matches(state, paths["unit"], unit_sha256, "0644", "root", "root")
             and host_state.secret_matches(state, paths["env_file"], "0600", "root", "root")
-            and engine_tls_todo(state, paths, tls) == ""):
+            and engine_tls_todo(state, paths, tls) != "write"):  # files left over: the serve stage's, after its gates
         return False
     record = host_state.path_entry(state, paths["record"]).get("json") or {}
     return record.get("unit_sha256") == unit_sha256 and serves_as_recorded(state, record, unit, url)

@@ -76,6 +76,7 @@ class FilterModule:
             "dflash_rollout_lines": rollout.summary_lines,
             "dflash_gateway_reconcile": rollout.reconcile,
             "dflash_rollout_turns": rollout.turns,
+            "dflash_rollout_tls_leftovers": rollout.tls_leftovers,
             "dflash_rollout_converged_notes": rollout.converged_notes,
             "dflash_rollback_turns": rollout.rollback_turns,
             "dflash_rollback_models": rollout.rollback_models,

@@ -276,6 +276,13 @@ def test_a_replica_takes_no_turn_only_when_a_turn_would_do_nothing() -> None:
         state = copy.deepcopy(host)
         change(state)
         assert not converged(state), what
+    # TLS files left over (worker TLS off, a run that died before the serve stage removed them) take no turn: the
+    # serve stage removes them after its gates (rollout.tls_leftovers). Files it would write (TLS on) take one.
+    leftover = copy.deepcopy(host)
+    leftover["files"][slot["tls_cert"]] = {"exists": True, "kind": "file", "mode": "0600", "owner": "root",
+                                           "group": "root", "matches": False}
+    assert converged(leftover)
+    assert not serving.service_converged(leftover, slot, slot["name"], account, helpers, unit_sha, url, True)
     # Why an engine the run did not restart is gated again, said where its gates are shown (after an automatic
     # rollback the engine it started is a process no record names).
     record = host["files"][slot["record"]]["json"]
@@ -537,3 +544,17 @@ def test_a_turn_that_switches_tls_drains_where_the_replica_is_served_now_and_add
     turns = rollout.rollback_turns(back, SLOTS, ["http://127.0.0.1:30001"], [0])
     assert turns["problems"] == [] and (turns["turns"][0]["from_url"], turns["turns"][0]["url"]) == (
         "http://127.0.0.1:30001", "https://127.0.0.1:30001")
+
+
+def test_the_tls_files_of_replicas_that_serve_without_https_now_are_removed_after_the_gates() -> None:
+    """rollout.tls_leftovers: the certificate and key still on the host of each replica whose plan serves without
+    HTTPS (the serve stage removes them once every gate passed); a replica serving HTTPS keeps its own."""
+    def file(path: str) -> dict[str, Any]:
+        return {"path": path, "exists": True, "kind": "file", "mode": "0600", "owner": "root", "group": "root"}
+
+    held = [SLOTS[0]["tls_cert"], SLOTS[0]["tls_key"], SLOTS[1]["tls_key"], SLOTS[2]["tls_cert"], SLOTS[2]["tls_key"]]
+    state = {"files": {path: file(path) for path in held}}
+    plan = {"replicas": [{"index": 0, "tls": False}, {"index": 1}, {"index": 2, "tls": True}, {"index": 3}]}
+    assert rollout.tls_leftovers(state, SLOTS, plan) == [SLOTS[0]["tls_cert"], SLOTS[0]["tls_key"], SLOTS[1]["tls_key"]]
+    assert rollout.tls_leftovers({"files": {}}, SLOTS, plan) == []
+    assert rollout.tls_leftovers(state, SLOTS, {"replicas": []}) == []

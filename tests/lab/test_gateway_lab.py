@@ -1061,15 +1061,17 @@ def check_the_hop_over_tls(routed: LabHandle, tmp_path: Path, ct200: str, ct201:
         host_recap(again, "ct201")["changed"] == 0, again.stdout[-3000:]
     print(f"\nthe hop to ct201 over TLS: {figures['requests']} requests through the gateway, {figures['failed']} "
           f"failed; ct201's replica served {served:.0f} over HTTPS")
-    # TLS off again on ct201: its replica serves plain HTTP, and its certificate and key are removed only after its
-    # gates passed (the unit a failed gate's rollback would put back loads them). Going back on demand to the HTTPS
-    # deployment then needs them: refused before anything stops, naming them.
+    # TLS off again on ct201: its replica serves plain HTTP, and its certificate and key are removed only after every
+    # gate passed, the load gate through ct200's gateway included (the unit a failed gate's rollback would put back
+    # loads them). Going back on demand to the HTTPS deployment then needs them: refused before anything stops,
+    # naming them.
     plain_again = group_play("ct200,ct201", extra=with_ca)
     out = " ".join(plain_again.stdout.split())
     assert plain_again.returncode == 0, failures(out)
-    passed = out.index("TASK [sglang_service : Check that every gate passed] *")
-    removed = re.search(r"TASK \[sglang_service : Remove the engine's TLS files once it serves without HTTPS and "
-                        r"passed its gates\] \*+ changed: \[ct201\]", out)
+    passed = out.rindex("TASK [Run the load gate's requests through the gateway, at the endpoint's capacity]")
+    assert passed > out.index("TASK [sglang_service : Check that every gate passed] *"), out[-5000:]
+    removed = re.search(r"TASK \[Remove the replicas' TLS files no longer asked for, now that every gate passed\]"
+                        r"(?:(?!TASK \[).)*changed: \[ct201\]", out)
     assert removed and removed.start() > passed, out[-5000:]
     assert "tls-" not in routed.ssh("ct201", "ls", "/etc/dflash-infra").stdout
     assert "http://" + ct201 + ":30001" in routed.ssh("ct200", "systemctl", "cat", "smg-gateway.service").stdout
