@@ -646,6 +646,17 @@ def gateway_restore_url(recorded: Mapping[str, Any] | None, section: Mapping[str
     return base_url({"host": section.get("host"), "port": section["port"], "tls": tls_enabled(tls)})
 
 
+def gateway_restore_workers(recorded: Mapping[str, Any] | None, section: Mapping[str, Any]) -> list[str]:
+    """The workers the gateway's previous unit is gated for once put back (smg_gateway restore.yml): those of its
+    record that the plan still has at the same URL. A worker this run moved (a replica on another host that turned TLS
+    on or off, or changed port) serves at its new URL until its own rollback, which follows the gateway's; one it
+    retired is stopped. Waiting for either would fail a gateway that is up. No record: the plan's workers."""
+    planned = [str(w) for w in section.get("workers") or []]
+    if not isinstance(recorded, Mapping) or not isinstance(recorded.get("workers"), list):
+        return planned
+    return [str(w) for w in recorded["workers"] if str(w) in planned]
+
+
 def gateway_key_first(state: Mapping[str, Any], paths: Mapping[str, str], unit: str, api_key: str) -> bool:
     """Whether the gateway takes the endpoint's API key before the replicas roll: the key is new (the running
     gateway has no key file) and the gateway runs. A keyless engine accepts requests that carry a key, so the gateway
@@ -706,6 +717,7 @@ __all__ = [
     "gateway_paths",
     "gateway_record",
     "gateway_restore_url",
+    "gateway_restore_workers",
     "gateway_tls_parts",
     "gateway_todo",
     "key_file_text",

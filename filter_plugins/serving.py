@@ -64,6 +64,7 @@ class FilterModule:
             "dflash_gateway_todo": serving.gateway_todo,
             "dflash_gateway_record": serving.gateway_record,
             "dflash_gateway_restore_url": serving.gateway_restore_url,
+            "dflash_gateway_restore_workers": serving.gateway_restore_workers,
             "dflash_gateway_key_first": serving.gateway_key_first,
             "dflash_gateway_section": gateway.checked_section,
             "dflash_gateway_with_workers": gateway.with_workers,

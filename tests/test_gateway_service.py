@@ -188,6 +188,16 @@ def test_a_gateway_put_back_is_gated_where_its_record_says_it_serves() -> None:
     assert serving.gateway_restore_url(None, section, off) == "http://127.0.0.1:30100"
 
 
+def test_a_gateway_put_back_waits_only_for_the_workers_the_plan_still_has_where_they_were() -> None:
+    """The unit put back lists its record's workers; one this run moved (another host's replica that turned TLS off)
+    serves at its new URL until its own rollback, which follows the gateway's, and one it retired is stopped."""
+    recorded = {"workers": ["http://127.1.200.1:30001", "http://127.1.200.1:30002", "https://127.1.201.1:30001"]}
+    section = {"workers": ["http://127.1.200.1:30001", "http://127.1.201.1:30001"]}
+    assert serving.gateway_restore_workers(recorded, section) == ["http://127.1.200.1:30001"]
+    assert serving.gateway_restore_workers(None, section) == section["workers"]
+    assert serving.gateway_restore_workers({"endpoint": "0.0.0.0:30000"}, section) == section["workers"]
+
+
 def test_a_new_api_key_goes_to_the_running_gateway_before_the_replicas_roll() -> None:
     def first(state: dict[str, Any], key: str = "k") -> bool:
         return serving.gateway_key_first(state, PATHS, "smg-gateway.service", key)

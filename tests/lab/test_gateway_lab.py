@@ -1065,6 +1065,20 @@ def check_the_hop_over_tls(routed: LabHandle, tmp_path: Path, ct200: str, ct201:
     # gate passed, the load gate through ct200's gateway included (the unit a failed gate's rollback would put back
     # loads them). Going back on demand to the HTTPS deployment then needs them: refused before anything stops,
     # naming them.
+    # First in a run whose load gate through ct200's gateway fails (an acceptance floor no engine reaches; each
+    # replica's own gate keeps the usual one): ct200's gateway goes back to its unit, gated for the workers the plan
+    # still has where they were, and ct201's replica to its HTTPS deployment, whose certificate and key are there.
+    gate = yaml.safe_load((ROOT / "group_vars/all/load_gate.yml").read_text())["dflash_load_gate"]
+    failing = group_play("ct200,ct201", extra={**with_ca, "sglang_service_load_gate": gate,
+                                               "dflash_load_gate": {**gate, "min_accept_length": 100}})
+    out = " ".join(failing.stdout.split())
+    assert failing.returncode != 0 and "is below 100" in out, failures(out)
+    assert "smg-gateway.service went back to the unit it ran before this run" in out, failures(out)
+    assert ("Rolled back to their previous deployment, one at a time with the endpoint up: sglang-qwen-r0.service"
+            in out), failures(out)
+    assert "LoadCredential=tls-key:" in routed.ssh("ct201", "systemctl", "cat", "sglang-qwen-r0.service").stdout
+    workers = {w["url"]: w for w in json.loads(routed.ssh("ct200", *ctl).stdout)["workers"]}
+    assert workers[worker]["status"] == "ready" and workers[worker]["healthy"], workers
     plain_again = group_play("ct200,ct201", extra=with_ca)
     out = " ".join(plain_again.stdout.split())
     assert plain_again.returncode == 0, failures(out)
