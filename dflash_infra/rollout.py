@@ -248,15 +248,11 @@ def tls_leftovers(state: Mapping[str, Any], all_slots: Sequence[Mapping[str, Any
     """The certificate and key files of the plan's replicas that serve without HTTPS now (worker TLS turned off) and
     are still on the host: the serve stage removes them once every gate of the run passed, the load gate through the
     gateway included, since until then the unit a failed gate puts back may load them."""
-    from dflash_infra import host_state, serving
+    from dflash_infra import host_state
 
-    out: list[str] = []
-    for replica in serving_plan.get("replicas") or []:
-        slot = all_slots[int(replica["index"])]
-        if serving.engine_tls_todo(state, slot, bool(replica.get("tls"))) == "remove":
-            out += [slot[f"tls_{part}"] for part in ("cert", "key")
-                    if host_state.path_entry(state, slot[f"tls_{part}"]).get("exists")]
-    return out
+    slots = [all_slots[int(r["index"])] for r in serving_plan.get("replicas") or [] if not r.get("tls")]
+    return [slot[f"tls_{part}"] for slot in slots for part in ("cert", "key")
+            if host_state.path_entry(state, slot[f"tls_{part}"]).get("exists")]
 
 
 def turns(plan: Mapping[str, Any], all_slots: Sequence[Mapping[str, Any]],
